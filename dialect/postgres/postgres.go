@@ -1,0 +1,172 @@
+// Package postgres is the PostgreSQL dialect of oncommit: all of its SQL text.
+//
+// Publish stores a message with one INSERT ... ON CONFLICT DO NOTHING on the
+// caller's transaction (a duplicate DedupKey is skipped, never an error that
+// would abort the transaction), with pg_notify folded into the same statement
+// when notifications are on: PostgreSQL delivers the notification only if the
+// transaction commits. Times come from the database clock (now()).
+//
+// Use it with database/sql (lib/pq or pgx's stdlib driver, through
+// adapters/sqltx) or with pgx v5 (through adapters/pgxtx).
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// MaxParams is PostgreSQL's limit of bind parameters in one statement.
+const MaxParams = 65535
+
+// paramsPerRow is the most parameters one inserted row uses: id, topic,
+// key, payload, headers, dedup key, and a delay or not-before time.
+const paramsPerRow = 7
+
+// Dialect returns the PostgreSQL dialect.
+func Dialect() outbox.Dialect { return dialect{} }
+
+type dialect struct{}
+
+func (dialect) Name() string { return "postgres" }
+
+func (dialect) Capabilities() outbox.Capabilities {
+	return outbox.Capabilities{Notify: true, SkipLocked: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
+}
+
+// QuoteTable returns t as a quoted, possibly schema-qualified, identifier.
+func QuoteTable(t outbox.Table) string {
+	if t.Schema == "" {
+		return `"` + t.Name + `"`
+	}
+	return `"` + t.Schema + `"."` + t.Name + `"`
+}
+
+// Channel returns the notification channel of table t: its name as written
+// in outbox.Config.Table. One fixed channel per table keeps NOTIFY payloads
+// constant and avoids channel-name collisions between topics.
+func Channel(t outbox.Table) string { return t.String() }
+
+const insertColumns = ` (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES `
+
+const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id`
+
+// Insert builds the publish statement. Without notify:
+//
+//	INSERT INTO "outbox" (id, topic, message_key, payload, headers, dedup_key, available_at)
+//	VALUES ($1, $2, $3, $4, $5, $6, now()), ...
+//	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text
+//
+// With notify the INSERT becomes a CTE and the statement adds
+// pg_notify('outbox', ''): one notification per transaction, with an empty
+// payload, on one channel per table.
+//
+// available_at is now() for an immediate message, now() + make_interval(secs
+// => $n) for a Delay, and greatest(now(), $n) for a NotBefore.
+func (dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
+	var b strings.Builder
+	b.Grow(160 + 64*len(rows))
+	if notify {
+		b.WriteString("WITH ins AS (")
+	}
+	b.WriteString("INSERT INTO ")
+	b.WriteString(QuoteTable(t))
+	b.WriteString(insertColumns)
+	args := make([]any, 0, len(rows)*6)
+	n := 0
+	param := func(v any) {
+		n++
+		args = append(args, v)
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(n))
+	}
+	for i := range rows {
+		r := &rows[i]
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		param(r.ID.String())
+		b.WriteString(", ")
+		param(r.Topic)
+		b.WriteString(", ")
+		param(nullString(r.Key))
+		b.WriteString(", ")
+		param(nullBytes(r.Payload))
+		b.WriteString(", ")
+		param(nullBytes(r.Headers))
+		b.WriteString(", ")
+		param(nullString(r.DedupKey))
+		switch {
+		case r.Delay > 0:
+			b.WriteString(", now() + make_interval(secs => ")
+			param(r.Delay.Seconds())
+			b.WriteString("))")
+		case !r.NotBefore.IsZero():
+			b.WriteString(", greatest(now(), ")
+			param(r.NotBefore)
+			b.WriteString("::timestamptz))")
+		default:
+			b.WriteString(", now())")
+		}
+	}
+	b.WriteString(onConflict)
+	if notify {
+		b.WriteString(") SELECT ins.id::text FROM pg_notify(")
+		b.WriteString(quoteLiteral(Channel(t)))
+		b.WriteString(", ''), ins")
+	} else {
+		b.WriteString("::text")
+	}
+	return b.String(), args
+}
+
+// nullString maps "" to SQL NULL.
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// nullBytes maps nil to SQL NULL and passes JSON as text, which every
+// driver sends in a form jsonb accepts (lib/pq would send []byte as bytea).
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
+}
+
+// quoteLiteral quotes s as an SQL string literal. s is a validated table
+// name, but quote properly all the same.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// sqlStater is implemented by *pgconn.PgError (pgx, pgx stdlib) and
+// *pq.Error (lib/pq).
+type sqlStater interface{ SQLState() string }
+
+// Classify maps PostgreSQL errors to the outbox sentinels by SQLSTATE.
+func (dialect) Classify(err error) error {
+	var se sqlStater
+	if err == nil || !errors.As(err, &se) {
+		return err
+	}
+	var sentinel error
+	switch se.SQLState() {
+	case "25P02": // in_failed_sql_transaction
+		sentinel = outbox.ErrTxAborted
+	case "25006": // read_only_sql_transaction
+		sentinel = outbox.ErrReadOnlyTx
+	case "42P01": // undefined_table
+		sentinel = outbox.ErrTableMissing
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %w", sentinel, err)
+}

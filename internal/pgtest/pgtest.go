@@ -1,0 +1,182 @@
+// Package pgtest gives each test its own schema on a real PostgreSQL server.
+//
+// The server comes from OUTBOX_TEST_POSTGRES_URL; else the local default
+// postgres://postgres@127.0.0.1:5432/test; else a container started through
+// ory/dockertest when a Docker engine answers; else the test is skipped with a
+// message saying how to provide one. Under CI=true a missing server fails the
+// test instead. When OUTBOX_TEST_SKIPLOG names a file, every such skip is also
+// appended to it, so CI can fail when any database-backed test skipped.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	_ "github.com/lib/pq"              // registers "postgres"
+	"github.com/ory/dockertest/v3"
+	"github.com/ory/dockertest/v3/docker"
+)
+
+// DefaultURL is the local server tried when OUTBOX_TEST_POSTGRES_URL is unset.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+var (
+	once    sync.Once
+	baseURL string
+	why     string
+	admin   *sql.DB
+)
+
+func ping(url string) (*sql.DB, error) {
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func find() {
+	if u := os.Getenv("OUTBOX_TEST_POSTGRES_URL"); u != "" {
+		db, err := ping(u)
+		if err != nil {
+			why = fmt.Sprintf("OUTBOX_TEST_POSTGRES_URL=%s does not answer: %v", u, err)
+			return
+		}
+		baseURL, admin = u, db
+		return
+	}
+	db, err := ping(DefaultURL)
+	if err == nil {
+		baseURL, admin = DefaultURL, db
+		return
+	}
+	local := err
+	u, err := fromDocker()
+	if err != nil {
+		why = fmt.Sprintf("no PostgreSQL: %s does not answer (%v) and no Docker engine (%v); set OUTBOX_TEST_POSTGRES_URL", DefaultURL, local, err)
+		return
+	}
+	if db, err = ping(u); err != nil {
+		why = fmt.Sprintf("PostgreSQL container does not answer: %v", err)
+		return
+	}
+	baseURL, admin = u, db
+}
+
+// fromDocker starts postgres:15 through dockertest when an engine answers.
+func fromDocker() (string, error) {
+	pool, err := dockertest.NewPool("")
+	if err != nil {
+		return "", err
+	}
+	if err := pool.Client.Ping(); err != nil {
+		return "", err
+	}
+	res, err := pool.RunWithOptions(&dockertest.RunOptions{
+		Repository: "postgres", Tag: "15",
+		Env: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
+	}, func(hc *docker.HostConfig) { hc.AutoRemove = true })
+	if err != nil {
+		return "", err
+	}
+	_ = res.Expire(900) // the engine removes it even if the test binary dies
+	u := fmt.Sprintf("postgres://postgres@%s/test?sslmode=disable", res.GetHostPort("5432/tcp"))
+	pool.MaxWait = 60 * time.Second
+	err = pool.Retry(func() error {
+		db, err := ping(u)
+		if err == nil {
+			db.Close()
+		}
+		return err
+	})
+	return u, err
+}
+
+// URL returns the server's URL, or skips (fails under CI=true) the test.
+func URL(t testing.TB) string {
+	t.Helper()
+	once.Do(find)
+	if baseURL == "" {
+		Unavailable(t, why)
+	}
+	return baseURL
+}
+
+// Unavailable skips t because a database server is missing, or fails it
+// under CI=true, and records the skip in OUTBOX_TEST_SKIPLOG.
+func Unavailable(t testing.TB, reason string) {
+	t.Helper()
+	if f := os.Getenv("OUTBOX_TEST_SKIPLOG"); f != "" {
+		if fh, err := os.OpenFile(f, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			fmt.Fprintf(fh, "%s: %s\n", t.Name(), reason)
+			fh.Close()
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("database required under CI=true: %s", reason)
+	}
+	t.Skip(reason)
+}
+
+// Schema creates a fresh, empty schema for t and drops it when t ends.
+func Schema(t testing.TB) string {
+	t.Helper()
+	URL(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "t_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(`CREATE SCHEMA ` + name); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(`DROP SCHEMA ` + name + ` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// Open returns a *sql.DB on the server through driver "postgres" (lib/pq)
+// or "pgx" (pgx stdlib), closed when t ends.
+func Open(t testing.TB, driver string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Pool returns a pgxpool.Pool on the server, closed when t ends.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Admin returns the shared administrative *sql.DB (pgx stdlib).
+func Admin(t testing.TB) *sql.DB {
+	t.Helper()
+	URL(t)
+	return admin
+}

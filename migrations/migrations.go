@@ -1,0 +1,99 @@
+// Package migrations holds the schema of the outbox table as numbered,
+// embedded SQL files, one folder per dialect (postgres/0001_init.up.sql,
+// postgres/0001_init.down.sql, ...).
+//
+// The files name the table "outbox" and its indexes "outbox_*". They are
+// plain SQL, usable as they are by goose, golang-migrate or atlas: point the
+// tool at [Postgres] (or copy the files). To apply them from Go, under an
+// advisory lock and with a custom table name, use the dialect's Migrate helper
+// (postgres.Migrate), which reads them through [Load].
+package migrations
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+//go:embed postgres/*.sql
+var files embed.FS
+
+// Postgres returns the PostgreSQL migrations: a flat fs.FS of
+// NNNN_name.up.sql and NNNN_name.down.sql files.
+func Postgres() fs.FS { return sub("postgres") }
+
+func sub(dir string) fs.FS {
+	f, err := fs.Sub(files, dir)
+	if err != nil {
+		panic(err) // dir is a constant that exists in the embedded files
+	}
+	return f
+}
+
+// Migration is one numbered schema change.
+type Migration struct {
+	Version int    // from the file name: 1 for 0001_init.up.sql
+	Name    string // "init"
+	Up      string // SQL
+	Down    string // SQL; empty when there is no down file
+}
+
+var fileRE = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.(up|down)\.sql$`)
+
+// identRE finds the identifiers the files use for the table and its
+// indexes: outbox, outbox_claim_idx, ...
+var identRE = regexp.MustCompile(`\boutbox(_[a-z0-9_]+)?\b`)
+
+// Load reads the migrations in fsys in version order. When table is not
+// "outbox", every occurrence of the table's name is replaced by table (which
+// the caller has validated as lower-case identifiers, "name" or
+// "schema.name"), and index names
+// outbox_x become name_x.
+func Load(fsys fs.FS, table string) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: read migrations: %w", err)
+	}
+	byVersion := map[int]*Migration{}
+	name := table[strings.LastIndexByte(table, '.')+1:]
+	for _, e := range entries {
+		m := fileRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.Atoi(m[1])
+		b, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("outbox: read migration %s: %w", e.Name(), err)
+		}
+		text := identRE.ReplaceAllStringFunc(string(b), func(id string) string {
+			if id == "outbox" {
+				return table
+			}
+			return name + id[len("outbox"):]
+		})
+		mig := byVersion[v]
+		if mig == nil {
+			mig = &Migration{Version: v, Name: m[2]}
+			byVersion[v] = mig
+		}
+		if m[3] == "up" {
+			mig.Up = text
+		} else {
+			mig.Down = text
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.Up == "" {
+			return nil, fmt.Errorf("outbox: migration %04d_%s has no up file", m.Version, m.Name)
+		}
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}

@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults for [Config].
+const (
+	DefaultTable           = "outbox"
+	DefaultMaxPayloadBytes = 1 << 20
+	DefaultMaxBatch        = 1000
+)
+
+// NotifyMode says whether Publish sends a wake-up notification with the
+// INSERT, so relays react within milliseconds instead of at their next poll.
+type NotifyMode int
+
+const (
+	// NotifyAuto notifies when the dialect can (PostgreSQL) and stays silent
+	// where it cannot (SQLite, MySQL).
+	NotifyAuto NotifyMode = iota
+	// NotifyOn notifies, and makes [New] fail with ErrUnsupported when the
+	// dialect cannot.
+	NotifyOn
+	// NotifyOff never notifies; relays find messages by polling. Use it
+	// behind PgBouncer in transaction mode, where LISTEN does not work.
+	NotifyOff
+)
+
+// Config configures an [Outbox]. The zero value works.
+type Config struct {
+	// Table is the outbox table: "name" or "schema.name", each part a
+	// lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes). With
+	// NOTIFY on, the whole name is also the notification channel.
+	// Defaults to DefaultTable ("outbox").
+	Table string
+
+	// Notify says whether Publish sends a wake-up notification inside the
+	// caller's transaction. Defaults to NotifyAuto.
+	Notify NotifyMode
+
+	// MaxPayloadBytes bounds Message.Payload. Defaults to
+	// DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+
+	// MaxBatch bounds the number of messages in one PublishBatch call; the
+	// dialect's parameter limit bounds it too. Defaults to DefaultMaxBatch (1000).
+	MaxBatch int
+
+	// CommandTimeout bounds each statement Publish sends, on top of the
+	// caller's context: a frozen or unreachable database then surfaces as an
+	// error wrapping context.DeadlineExceeded instead of a hang. Zero means
+	// only the caller's context bounds it. Defaults to 0.
+	CommandTimeout time.Duration
+}
+
+// Outbox publishes messages into the outbox table inside the caller's
+// transactions. Build it once with [New]; it is safe for concurrent use.
+type Outbox struct {
+	d      Dialect
+	caps   Capabilities
+	table  Table
+	notify bool
+	cfg    Config
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ParseTable validates a table name of the form "name" or "schema.name".
+func ParseTable(s string) (Table, error) {
+	schema, name, qualified := strings.Cut(s, ".")
+	if !qualified {
+		schema, name = "", s
+	}
+	if (qualified && !identRE.MatchString(schema)) || !identRE.MatchString(name) {
+		return Table{}, &ConfigError{"Table", strconv.Quote(s) + " is not name or schema.name made of lower-case identifiers ([a-z_][a-z0-9_]*, at most 63 bytes each)"}
+	}
+	return Table{Schema: schema, Name: name}, nil
+}
+
+// New returns an Outbox that writes through dialect d. It checks cfg and
+// sends nothing to the database.
+func New(d Dialect, cfg Config) (*Outbox, error) {
+	if d == nil {
+		return nil, &ConfigError{"Dialect", "must not be nil"}
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	table, err := ParseTable(cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	caps := d.Capabilities()
+	if cfg.MaxPayloadBytes < 0 {
+		return nil, &ConfigError{"MaxPayloadBytes", "must not be negative"}
+	}
+	if cfg.MaxPayloadBytes == 0 {
+		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if cfg.MaxBatch < 0 {
+		return nil, &ConfigError{"MaxBatch", "must not be negative"}
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if caps.ParamsPerRow > 0 && cfg.MaxBatch*caps.ParamsPerRow > caps.MaxParams {
+		return nil, &ConfigError{"MaxBatch", fmt.Sprintf("%d messages need more than the %d parameters %s allows in one statement; at most %d",
+			cfg.MaxBatch, caps.MaxParams, d.Name(), caps.MaxParams/caps.ParamsPerRow)}
+	}
+	if cfg.CommandTimeout < 0 {
+		return nil, &ConfigError{"CommandTimeout", "must not be negative"}
+	}
+	var notify bool
+	switch cfg.Notify {
+	case NotifyAuto:
+		notify = caps.Notify
+	case NotifyOn:
+		if !caps.Notify {
+			return nil, fmt.Errorf("%w: %s has no notifications (Config.Notify is NotifyOn)", ErrUnsupported, d.Name())
+		}
+		notify = true
+	case NotifyOff:
+	default:
+		return nil, &ConfigError{"Notify", "unknown mode " + strconv.Itoa(int(cfg.Notify))}
+	}
+	if notify && len(table.String()) > 63 {
+		return nil, &ConfigError{"Table", "longer than 63 bytes, too long to be the notification channel; shorten it or set Notify to NotifyOff"}
+	}
+	return &Outbox{d: d, caps: caps, table: table, notify: notify, cfg: cfg}, nil
+}
+
+// Table returns the outbox table.
+func (o *Outbox) Table() Table { return o.table }
+
+// Dialect returns the dialect the Outbox was built with.
+func (o *Outbox) Dialect() Dialect { return o.d }
+
+// Notifies reports whether Publish sends a wake-up notification.
+func (o *Outbox) Notifies() bool { return o.notify }
+
+// Publish stores msg in the outbox table inside tx, the caller's open
+// transaction, with one statement. It never begins, commits or rolls back:
+// the caller's commit stores the message together with the business rows,
+// and the caller's rollback discards both.
+//
+// A message refused by validation returns a [*MessageError] before any SQL
+// is sent, so tx stays usable. A message whose DedupKey is taken is not an
+// error: the Result says Duplicate, and tx stays usable.
+func (o *Outbox) Publish(ctx context.Context, tx Tx, msg Message) (Result, error) {
+	var res [1]Result
+	if err := o.publish(ctx, tx, []Message{msg}, res[:]); err != nil {
+		return Result{}, err
+	}
+	return res[0], nil
+}
+
+// PublishBatch stores msgs inside tx like [Outbox.Publish], with one
+// multi-row statement and at most one notification. Every message is
+// validated before anything is sent; results[i] belongs to msgs[i].
+func (o *Outbox) PublishBatch(ctx context.Context, tx Tx, msgs []Message) ([]Result, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	res := make([]Result, len(msgs))
+	if err := o.publish(ctx, tx, msgs, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// PublishSQL returns the exact statement and arguments Publish or
+// PublishBatch sends for msgs, for documentation and for pinning SQL in
+// tests (see the outboxtest package). The first argument of each row is a
+// freshly generated id, so it differs from call to call.
+func (o *Outbox) PublishSQL(msgs ...Message) (string, []any, error) {
+	rows, err := o.rows(msgs)
+	if err != nil {
+		return "", nil, err
+	}
+	q, args := o.d.Insert(o.table, rows, o.notify)
+	return q, args, nil
+}
+
+func (o *Outbox) rows(msgs []Message) ([]Row, error) {
+	if len(msgs) > o.cfg.MaxBatch {
+		return nil, &MessageError{-1, "batch", fmt.Sprintf("%d messages, more than Config.MaxBatch (%d)", len(msgs), o.cfg.MaxBatch)}
+	}
+	rows := make([]Row, len(msgs))
+	for i := range msgs {
+		r, err := toRow(i, &msgs[i], o.cfg.MaxPayloadBytes)
+		if err != nil {
+			return nil, err
+		}
+		rows[i] = r
+	}
+	return rows, nil
+}
+
+func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Result) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outbox: publish: %w", err)
+	}
+	if tx == nil {
+		return ErrNilTx
+	}
+	if err := tx.CheckTx(); err != nil {
+		return err
+	}
+	rows, err := o.rows(msgs)
+	if err != nil {
+		return err
+	}
+	query, args := o.d.Insert(o.table, rows, o.notify)
+	if o.cfg.CommandTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.cfg.CommandTimeout)
+		defer cancel()
+	}
+	stored, err := o.query(ctx, tx, query, args, len(rows))
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			return fmt.Errorf("outbox: publish: %w: %w", cerr, err)
+		}
+		return fmt.Errorf("outbox: publish: %w", err)
+	}
+	if len(stored) == len(rows) { // the common case: nothing was a duplicate
+		for i := range rows {
+			res[i] = Result{ID: rows[i].ID}
+		}
+		return nil
+	}
+	got := make(map[ID]bool, len(stored))
+	for _, s := range stored {
+		id, err := ParseID(s)
+		if err != nil {
+			return fmt.Errorf("outbox: publish: %w", err)
+		}
+		got[id] = true
+	}
+	for i := range rows {
+		if got[rows[i].ID] {
+			res[i] = Result{ID: rows[i].ID}
+		} else {
+			res[i] = Result{Duplicate: true}
+		}
+	}
+	return nil
+}
+
+// query runs the insert and returns the text ids of the stored rows.
+func (o *Outbox) query(ctx context.Context, tx Tx, query string, args []any, n int) ([]string, error) {
+	rs, err := tx.QueryTx(ctx, query, args...)
+	if err != nil {
+		return nil, o.d.Classify(err)
+	}
+	ids := make([]string, 0, n)
+	for rs.Next() {
+		var s string
+		if err := rs.Scan(&s); err != nil {
+			rs.Close()
+			return nil, o.d.Classify(err)
+		}
+		ids = append(ids, s)
+	}
+	cerr := rs.Close()
+	if err := rs.Err(); err != nil {
+		return nil, o.d.Classify(err)
+	}
+	if cerr != nil {
+		return nil, o.d.Classify(cerr)
+	}
+	return ids, nil
+}
