@@ -28,7 +28,7 @@ func TestPublishAtomicity(t *testing.T) {
 			ctx := context.Background()
 
 			tx := d.begin(t)
-			if err := tx.exec(`INSERT INTO `+e.orders+` (id) VALUES ('kept')`); err != nil {
+			if err := tx.exec(`INSERT INTO ` + e.orders + ` (id) VALUES ('kept')`); err != nil {
 				t.Fatal(err)
 			}
 			one, err := e.ob.Publish(ctx, tx.tx, outbox.Message{Topic: "order.placed", Key: "kept", Payload: []byte(`{"n":1}`),
@@ -75,7 +75,7 @@ func TestPublishAtomicity(t *testing.T) {
 			}
 
 			tx = d.begin(t)
-			if err := tx.exec(`INSERT INTO `+e.orders+` (id) VALUES ('dropped')`); err != nil {
+			if err := tx.exec(`INSERT INTO ` + e.orders + ` (id) VALUES ('dropped')`); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := e.ob.Publish(ctx, tx.tx, outbox.Message{Topic: "order.placed", Key: "dropped"}); err != nil {

@@ -61,7 +61,7 @@ const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTH
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text
 //
 // With notify the INSERT becomes a CTE and the statement adds
-// pg_notify('outbox', ''): one notification per transaction, with an empty
+// pg_notify('outbox', ”): one notification per transaction, with an empty
 // payload, on one channel per table.
 //
 // available_at is now() for an immediate message, now() + make_interval(secs
