@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -129,5 +128,3 @@ func drivers() []driver {
 		}},
 	}
 }
-
-var _ = sql.ErrTxDone

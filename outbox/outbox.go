@@ -175,17 +175,29 @@ func (o *Outbox) PublishBatch(ctx context.Context, tx Tx, msgs []Message) ([]Res
 	return res, nil
 }
 
-// PublishSQL returns the exact statement and arguments Publish or
-// PublishBatch sends for msgs, for documentation and for pinning SQL in
-// tests (see the outboxtest package). The first argument of each row is a
-// freshly generated id, so it differs from call to call.
-func (o *Outbox) PublishSQL(msgs ...Message) (string, []any, error) {
+// Statement is the SQL that Publish sends for some messages.
+type Statement struct {
+	Query string
+	Args  []any
+	// IDs are the ids generated for the messages, in order; each appears in
+	// Args as its text form.
+	IDs []ID
+}
+
+// PublishSQL returns the exact statement Publish or PublishBatch sends for
+// msgs, for documentation and for pinning SQL in tests (see the outboxtest
+// package). It validates msgs like Publish. Each call generates fresh ids.
+func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	rows, err := o.rows(msgs)
 	if err != nil {
-		return "", nil, err
+		return Statement{}, err
 	}
 	q, args := o.d.Insert(o.table, rows, o.notify)
-	return q, args, nil
+	ids := make([]ID, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].ID
+	}
+	return Statement{Query: q, Args: args, IDs: ids}, nil
 }
 
 func (o *Outbox) rows(msgs []Message) ([]Row, error) {

@@ -420,3 +420,43 @@ func TestMigrateConcurrent(t *testing.T) {
 		t.Errorf("bad table name: %v", err)
 	}
 }
+
+// TestAcceptedEdges: inputs at the limits that Publish accepts are stored
+// as given; the database accepts everything the validation lets through.
+func TestAcceptedEdges(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	d := drivers()[2] // pgxpool
+	tx := d.begin(t)
+	ctx := context.Background()
+	deep := strings.Repeat("[", outbox.MaxPayloadDepth) + strings.Repeat("]", outbox.MaxPayloadDepth)
+	zone := time.FixedZone("UTC+5", 5*3600)
+	msgs := []outbox.Message{
+		{Topic: `o'rder"; DROP TABLE x; --`, Key: "ключ", DedupKey: strings.Repeat("d", outbox.MaxDedupKeyBytes)},
+		{Topic: strings.Repeat("é", outbox.MaxTopicBytes/2), Payload: []byte(deep)},
+		{Topic: "escaped", Payload: []byte(`{"a":"\\u0000 stays text","b":"\u00e9🙂"}`)},
+		{Topic: "zoned", NotBefore: time.Date(2100, 1, 1, 5, 0, 0, 0, zone)},
+		{Topic: "past", NotBefore: time.Date(1971, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Topic: "big", Payload: []byte(`"` + strings.Repeat("x", outbox.DefaultMaxPayloadBytes-2) + `"`)},
+	}
+	res, err := e.ob.PublishBatch(ctx, tx.tx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.commit(); err != nil {
+		t.Fatal(err)
+	}
+	var topic, key string
+	if err := pgtest.Admin(t).QueryRow(`SELECT topic, message_key FROM `+e.table+` WHERE id = $1`, res[0].ID.String()).Scan(&topic, &key); err != nil {
+		t.Fatal(err)
+	}
+	if topic != msgs[0].Topic || key != msgs[0].Key {
+		t.Errorf("stored %q %q", topic, key)
+	}
+	if n := count(t, e.table, `id = $1 AND available_at = '2100-01-01 00:00:00+00'`, res[3].ID.String()); n != 1 {
+		t.Error("NotBefore in another zone not stored as the same instant")
+	}
+	if n := count(t, e.table, `id = $1 AND available_at = created_at`, res[4].ID.String()); n != 1 {
+		t.Error("NotBefore in the past not raised to now()")
+	}
+}

@@ -60,9 +60,11 @@ const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTH
 //	VALUES ($1, $2, $3, $4, $5, $6, now()), ...
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text
 //
-// With notify the INSERT becomes a CTE and the statement adds
-// pg_notify('outbox', ”): one notification per transaction, with an empty
-// payload, on one channel per table.
+// With notify the INSERT becomes a CTE and the statement calls pg_notify
+// with the channel and an empty payload: one notification per transaction,
+// on one channel per table:
+//
+//	WITH ins AS (INSERT ... RETURNING id) SELECT ins.id::text FROM pg_notify('outbox', ''), ins
 //
 // available_at is now() for an immediate message, now() + make_interval(secs
 // => $n) for a Delay, and greatest(now(), $n) for a NotBefore.

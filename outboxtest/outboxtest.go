@@ -1,0 +1,72 @@
+// Package outboxtest helps users test their own code that publishes messages,
+// with github.com/DATA-DOG/go-sqlmock and no database.
+//
+// Publish sends exactly one statement on the caller's transaction and never
+// begins, commits or rolls back, so a test scripts
+//
+//	mock.ExpectBegin()
+//	mock.ExpectExec(`INSERT INTO orders`)...           // the caller's own SQL
+//	outboxtest.ExpectPublish(mock, ob, msg)           // the outbox's statement
+//	mock.ExpectCommit()
+//
+// and mock.ExpectationsWereMet() proves the message was written inside the
+// business transaction.
+package outboxtest
+
+import (
+	"database/sql/driver"
+	"regexp"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// ExpectPublish registers on mock the exact statement that ob.Publish (one
+// message) or ob.PublishBatch (several) sends for msgs, with every argument
+// but the generated ids, and answers that every message was stored. It
+// returns the expectation so the caller can refine it.
+//
+// The statement is matched literally under sqlmock's default QueryMatcher
+// (sqlmock.QueryMatcherRegexp). If a
+// message is invalid, the expectation answers with Publish's validation error
+// instead; since Publish refuses such a message without sending SQL, the
+// expectation then stays unmet and mock.ExpectationsWereMet reports it.
+func ExpectPublish(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) *sqlmock.ExpectedQuery {
+	return expect(mock, ob, msgs, true)
+}
+
+// ExpectPublishDuplicate is ExpectPublish answering that every message was
+// a duplicate (its DedupKey already stored): Publish reports Duplicate.
+func ExpectPublishDuplicate(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) *sqlmock.ExpectedQuery {
+	return expect(mock, ob, msgs, false)
+}
+
+func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, stored bool) *sqlmock.ExpectedQuery {
+	st, err := ob.PublishSQL(msgs...)
+	if err != nil {
+		return mock.ExpectQuery("^$").WillReturnError(err)
+	}
+	ids := make(map[string]bool, len(st.IDs))
+	rows := sqlmock.NewRows([]string{"id"})
+	for _, id := range st.IDs {
+		ids[id.String()] = true
+		if stored {
+			rows.AddRow(id.String())
+		}
+	}
+	args := make([]driver.Value, len(st.Args))
+	for i, a := range st.Args {
+		if s, ok := a.(string); ok && ids[s] {
+			args[i] = sqlmock.AnyArg()
+		} else {
+			args[i] = a
+		}
+	}
+	return mock.ExpectQuery(literal(st.Query)).WithArgs(args...).WillReturnRows(rows)
+}
+
+// literal makes query match itself under sqlmock's default matcher,
+// sqlmock.QueryMatcherRegexp.
+func literal(query string) string {
+	return "^" + regexp.QuoteMeta(query) + "$"
+}
