@@ -34,7 +34,7 @@ type env struct {
 	ob     *outbox.Outbox
 }
 
-func newEnv(t *testing.T, cfg outbox.Config) *env {
+func newEnv(t testing.TB, cfg outbox.Config) *env {
 	t.Helper()
 	schema := pgtest.Schema(t)
 	e := &env{schema: schema, table: schema + ".outbox", orders: schema + ".orders"}
@@ -55,7 +55,7 @@ func newEnv(t *testing.T, cfg outbox.Config) *env {
 }
 
 // count returns the number of rows in table matching the optional where.
-func count(t *testing.T, table, where string, args ...any) int {
+func count(t testing.TB, table, where string, args ...any) int {
 	t.Helper()
 	q := `SELECT count(*) FROM ` + table
 	if where != "" {

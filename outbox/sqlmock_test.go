@@ -84,24 +84,33 @@ func TestPublishNeverOwnsTheTransaction(t *testing.T) {
 	}
 }
 
-// TestPublishSQLPinned pins the exact statement for one immediate message.
+// TestPublishSQLPinned pins the exact statement for one immediate message,
+// without and with a dedup key, without and with NOTIFY.
 func TestPublishSQLPinned(t *testing.T) {
-	msg := outbox.Message{Topic: "t"}
+	const cols = ` (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES ($1, $2, $3, $4, $5, $6, now())`
+	const conflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`
 	for _, tc := range []struct {
-		cfg  outbox.Config
-		want string
+		cfg   outbox.Config
+		dedup string
+		want  string
 	}{
-		{outbox.Config{Notify: outbox.NotifyOff}, `INSERT INTO "outbox" (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text`},
-		{outbox.Config{Table: "app.outbox"}, `WITH ins AS (INSERT INTO "app"."outbox" (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id) SELECT ins.id::text FROM pg_notify('app.outbox', ''), ins`},
+		{outbox.Config{Notify: outbox.NotifyOff}, "", `INSERT INTO "outbox"` + cols + ` RETURNING id::text`},
+		{outbox.Config{Notify: outbox.NotifyOff}, "d", `INSERT INTO "outbox"` + cols + conflict + ` RETURNING id::text`},
+		{outbox.Config{Table: "app.outbox"}, "", `WITH ins AS (INSERT INTO "app"."outbox"` + cols + ` RETURNING id) SELECT ins.id::text FROM pg_notify('app.outbox', ''), ins`},
+		{outbox.Config{Table: "app.outbox"}, "d", `WITH ins AS (INSERT INTO "app"."outbox"` + cols + conflict + ` RETURNING id) SELECT ins.id::text FROM pg_notify('app.outbox', ''), ins`},
 	} {
-		st, err := mustNew(t, tc.cfg).PublishSQL(msg)
+		st, err := mustNew(t, tc.cfg).PublishSQL(outbox.Message{Topic: "t", DedupKey: tc.dedup})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Query != tc.want {
 			t.Errorf("statement\n got %s\nwant %s", st.Query, tc.want)
 		}
-		want := []any{st.IDs[0].String(), "t", nil, nil, nil, nil}
+		var dedup any
+		if tc.dedup != "" {
+			dedup = tc.dedup
+		}
+		want := []any{st.IDs[0].String(), "t", nil, nil, nil, dedup}
 		if !reflect.DeepEqual(st.Args, want) {
 			t.Errorf("args %#v, want %#v", st.Args, want)
 		}

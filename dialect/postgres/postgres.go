@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -27,13 +28,23 @@ const MaxParams = 65535
 const paramsPerRow = 7
 
 // Dialect returns the PostgreSQL dialect.
-func Dialect() outbox.Dialect { return dialect{} }
+func Dialect() outbox.Dialect { return &dialect{} }
 
-type dialect struct{}
+type dialect struct {
+	// stmts caches the text of statements whose rows are all immediate,
+	// keyed by stmtKey: a batch of n such rows always has the same text.
+	stmts sync.Map
+}
 
-func (dialect) Name() string { return "postgres" }
+type stmtKey struct {
+	table         outbox.Table
+	n             int
+	dedup, notify bool
+}
 
-func (dialect) Capabilities() outbox.Capabilities {
+func (*dialect) Name() string { return "postgres" }
+
+func (*dialect) Capabilities() outbox.Capabilities {
 	return outbox.Capabilities{Notify: true, SkipLocked: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
 }
 
@@ -60,6 +71,9 @@ const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTH
 //	VALUES ($1, $2, $3, $4, $5, $6, now()), ...
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text
 //
+// The ON CONFLICT clause is present only when some row has a DedupKey;
+// without one no row can conflict, and a plain INSERT is cheaper.
+//
 // With notify the INSERT becomes a CTE and the statement calls pg_notify
 // with the channel and an empty payload: one notification per transaction,
 // on one channel per table:
@@ -67,23 +81,47 @@ const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTH
 //	WITH ins AS (INSERT ... RETURNING id) SELECT ins.id::text FROM pg_notify('outbox', ''), ins
 //
 // available_at is now() for an immediate message, now() + make_interval(secs
-// => $n) for a Delay, and greatest(now(), $n) for a NotBefore.
-func (dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
+// => $n) for a Delay, and greatest(now(), $n) for a NotBefore; these
+// parameters come after the six column parameters of every row.
+func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
+	args := make([]any, 0, len(rows)*6)
+	immediate, dedup := true, false
+	for i := range rows {
+		r := &rows[i]
+		args = append(args, r.ID.String(), r.Topic, nullString(r.Key), nullBytes(r.Payload), nullBytes(r.Headers), nullString(r.DedupKey))
+		immediate = immediate && r.Delay == 0 && r.NotBefore.IsZero()
+		dedup = dedup || r.DedupKey != ""
+	}
+	if !immediate {
+		return build(t, rows, dedup, notify, args)
+	}
+	key := stmtKey{t, len(rows), dedup, notify}
+	if q, ok := d.stmts.Load(key); ok {
+		return q.(string), args
+	}
+	q, args := build(t, rows, dedup, notify, args)
+	d.stmts.Store(key, q)
+	return q, args
+}
+
+// build writes the statement for rows; args holds their six column values
+// each, and build appends the scheduling parameters.
+func build(t outbox.Table, rows []outbox.Row, dedup, notify bool, args []any) (string, []any) {
 	var b strings.Builder
-	b.Grow(160 + 64*len(rows))
+	b.Grow(200 + 48*len(rows))
 	if notify {
 		b.WriteString("WITH ins AS (")
 	}
 	b.WriteString("INSERT INTO ")
 	b.WriteString(QuoteTable(t))
 	b.WriteString(insertColumns)
-	args := make([]any, 0, len(rows)*6)
-	n := 0
-	param := func(v any) {
-		n++
-		args = append(args, v)
+	// Parameters $1..$6n are the rows' columns, six a row; scheduling
+	// parameters follow them, in row order.
+	n, extra := 0, 6*len(rows)
+	param := func(p *int) {
+		*p++
 		b.WriteByte('$')
-		b.WriteString(strconv.Itoa(n))
+		b.WriteString(strconv.Itoa(*p))
 	}
 	for i := range rows {
 		r := &rows[i]
@@ -91,31 +129,35 @@ func (dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, [
 			b.WriteString(", ")
 		}
 		b.WriteByte('(')
-		param(r.ID.String())
-		b.WriteString(", ")
-		param(r.Topic)
-		b.WriteString(", ")
-		param(nullString(r.Key))
-		b.WriteString(", ")
-		param(nullBytes(r.Payload))
-		b.WriteString(", ")
-		param(nullBytes(r.Headers))
-		b.WriteString(", ")
-		param(nullString(r.DedupKey))
+		for c := range 6 {
+			if c > 0 {
+				b.WriteString(", ")
+			}
+			param(&n)
+		}
 		switch {
 		case r.Delay > 0:
 			b.WriteString(", now() + make_interval(secs => ")
-			param(r.Delay.Seconds())
+			param(&extra)
+			args = append(args, r.Delay.Seconds())
 			b.WriteString("))")
 		case !r.NotBefore.IsZero():
 			b.WriteString(", greatest(now(), ")
-			param(r.NotBefore)
+			param(&extra)
+			args = append(args, r.NotBefore)
 			b.WriteString("::timestamptz))")
 		default:
 			b.WriteString(", now())")
 		}
 	}
-	b.WriteString(onConflict)
+	// Without a dedup key no row can conflict (ids are unique), so the
+	// cheaper plain INSERT does; ON CONFLICT costs a speculative insertion
+	// per row.
+	if dedup {
+		b.WriteString(onConflict)
+	} else {
+		b.WriteString(" RETURNING id")
+	}
 	if notify {
 		b.WriteString(") SELECT ins.id::text FROM pg_notify(")
 		b.WriteString(quoteLiteral(Channel(t)))
@@ -154,7 +196,7 @@ func quoteLiteral(s string) string {
 type sqlStater interface{ SQLState() string }
 
 // Classify maps PostgreSQL errors to the outbox sentinels by SQLSTATE.
-func (dialect) Classify(err error) error {
+func (*dialect) Classify(err error) error {
 	var se sqlStater
 	if err == nil || !errors.As(err, &se) {
 		return err
