@@ -15,8 +15,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 
+	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -28,18 +28,10 @@ const MaxParams = 65535
 const paramsPerRow = 7
 
 // Dialect returns the PostgreSQL dialect.
-func Dialect() outbox.Dialect { return &dialect{} }
+func Dialect() outbox.Dialect { return &dialect{insert: newInsert()} }
 
 type dialect struct {
-	// stmts caches the text of statements whose rows are all immediate,
-	// keyed by stmtKey: a batch of n such rows always has the same text.
-	stmts sync.Map
-}
-
-type stmtKey struct {
-	table         outbox.Table
-	n             int
-	dedup, notify bool
+	insert *sqlbuild.Insert
 }
 
 func (*dialect) Name() string { return "postgres" }
@@ -61,10 +53,6 @@ func QuoteTable(t outbox.Table) string {
 // constant and avoids channel-name collisions between topics.
 func Channel(t outbox.Table) string { return t.String() }
 
-const insertColumns = ` (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES `
-
-const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id`
-
 // Insert builds the publish statement. Without notify:
 //
 //	INSERT INTO "outbox" (id, topic, message_key, payload, headers, dedup_key, available_at)
@@ -78,111 +66,48 @@ const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTH
 // with the channel and an empty payload: one notification per transaction,
 // on one channel per table:
 //
-//	WITH ins AS (INSERT ... RETURNING id) SELECT ins.id::text FROM pg_notify('outbox', ''), ins
+//	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
 //
 // available_at is now() for an immediate message, now() + make_interval(secs
 // => $n) for a Delay, and greatest(now(), $n) for a NotBefore; these
 // parameters come after the six column parameters of every row.
 func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
-	args := make([]any, 0, len(rows)*6)
-	immediate, dedup := true, false
-	for i := range rows {
-		r := &rows[i]
-		args = append(args, r.ID.String(), r.Topic, nullString(r.Key), nullBytes(r.Payload), nullBytes(r.Headers), nullString(r.DedupKey))
-		immediate = immediate && r.Delay == 0 && r.NotBefore.IsZero()
-		dedup = dedup || r.DedupKey != ""
-	}
-	if !immediate {
-		return build(t, rows, dedup, notify, args)
-	}
-	key := stmtKey{t, len(rows), dedup, notify}
-	if q, ok := d.stmts.Load(key); ok {
-		return q.(string), args
-	}
-	q, args := build(t, rows, dedup, notify, args)
-	d.stmts.Store(key, q)
-	return q, args
+	return d.insert.Build(QuoteTable(t), t, rows, notify, jsonText)
 }
 
-// build writes the statement for rows; args holds their six column values
-// each, and build appends the scheduling parameters.
-func build(t outbox.Table, rows []outbox.Row, dedup, notify bool, args []any) (string, []any) {
-	var b strings.Builder
-	b.Grow(200 + 48*len(rows))
-	if notify {
-		b.WriteString("WITH ins AS (")
-	}
-	b.WriteString("INSERT INTO ")
-	b.WriteString(QuoteTable(t))
-	b.WriteString(insertColumns)
-	// Parameters $1..$6n are the rows' columns, six a row; scheduling
-	// parameters follow them, in row order.
-	n, extra := 0, 6*len(rows)
-	param := func(p *int) {
-		*p++
-		b.WriteByte('$')
-		b.WriteString(strconv.Itoa(*p))
-	}
-	for i := range rows {
-		r := &rows[i]
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteByte('(')
-		for c := range 6 {
-			if c > 0 {
-				b.WriteString(", ")
-			}
-			param(&n)
-		}
-		switch {
-		case r.Delay > 0:
-			b.WriteString(", now() + make_interval(secs => ")
-			param(&extra)
-			args = append(args, r.Delay.Seconds())
-			b.WriteString("))")
-		case !r.NotBefore.IsZero():
-			b.WriteString(", greatest(now(), ")
-			param(&extra)
-			args = append(args, r.NotBefore)
-			b.WriteString("::timestamptz))")
-		default:
-			b.WriteString(", now())")
-		}
-	}
-	// Without a dedup key no row can conflict (ids are unique), so the
-	// cheaper plain INSERT does; ON CONFLICT costs a speculative insertion
-	// per row.
-	if dedup {
-		b.WriteString(onConflict)
-	} else {
-		b.WriteString(" RETURNING id")
-	}
-	if notify {
-		b.WriteString(") SELECT ins.id::text FROM pg_notify(")
-		b.WriteString(quoteLiteral(Channel(t)))
-		b.WriteString(", ''), ins")
-	} else {
-		b.WriteString("::text")
-	}
-	return b.String(), args
-}
+// jsonText passes JSON as text, which every driver sends in a form jsonb
+// accepts (lib/pq would send []byte as bytea).
+func jsonText(b []byte) any { return string(b) }
 
-// nullString maps "" to SQL NULL.
-func nullString(s string) any {
-	if s == "" {
-		return nil
+func newInsert() *sqlbuild.Insert {
+	return &sqlbuild.Insert{
+		Placeholder: func(b *strings.Builder, n int) {
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+		},
+		Now: "now()",
+		Delay: func(b *strings.Builder, p func()) {
+			b.WriteString("now() + make_interval(secs => ")
+			p()
+			b.WriteByte(')')
+		},
+		NotBefore: func(b *strings.Builder, p func()) {
+			b.WriteString("greatest(now(), ")
+			p()
+			b.WriteString("::timestamptz)")
+		},
+		DelayArg:     func(r *outbox.Row) any { return r.Delay.Seconds() },
+		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore },
+		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
+		Returning:    ` RETURNING id::text`,
+		Notify: func(b *strings.Builder, insert string, t outbox.Table) {
+			b.WriteString("WITH ins AS (")
+			b.WriteString(insert)
+			b.WriteString(") SELECT ins.id FROM pg_notify(")
+			b.WriteString(quoteLiteral(Channel(t)))
+			b.WriteString(", ''), ins")
+		},
 	}
-	return s
-}
-
-// nullBytes maps nil to SQL NULL and passes JSON as text, which every
-// driver sends in a form jsonb accepts (lib/pq would send []byte as bytea).
-func nullBytes(b []byte) any {
-	if b == nil {
-		return nil
-	}
-	return string(b)
 }
 
 // quoteLiteral quotes s as an SQL string literal. s is a validated table

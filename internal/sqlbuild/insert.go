@@ -1,0 +1,131 @@
+// Package sqlbuild writes the multi-row publish INSERT that the dialects
+// share, from each dialect's spelling of placeholders, times and clauses.
+package sqlbuild
+
+import (
+	"strings"
+	"sync"
+
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// Columns is the column list of the publish INSERT; the six parameters of
+// each row come in this order, then available_at is an expression.
+const Columns = ` (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES `
+
+// Insert is one dialect's spelling of the publish INSERT.
+type Insert struct {
+	// Placeholder writes bind parameter n (1-based): "$n" or "?n".
+	Placeholder func(b *strings.Builder, n int)
+	// Now is the database clock, as stored in available_at.
+	Now string
+	// Delay writes available_at for a delay held in parameter p.
+	Delay func(b *strings.Builder, p func())
+	// NotBefore writes available_at for an instant held in parameter p.
+	NotBefore func(b *strings.Builder, p func())
+	// DelayArg and NotBeforeArg give the argument for those parameters.
+	DelayArg     func(r *outbox.Row) any
+	NotBeforeArg func(r *outbox.Row) any
+	// OnConflict skips rows whose dedup key is taken; used only when some
+	// row has one, since without one no row can conflict and a plain INSERT
+	// is cheaper.
+	OnConflict string
+	// Returning ends the INSERT: it returns the stored ids.
+	Returning string
+	// Notify, when not nil, wraps the INSERT with the wake-up notification.
+	Notify func(b *strings.Builder, insert string, t outbox.Table)
+
+	// stmts caches the text of statements whose rows are all immediate: a
+	// batch of n such rows always has the same text.
+	stmts sync.Map
+}
+
+type stmtKey struct {
+	table         outbox.Table
+	n             int
+	dedup, notify bool
+}
+
+// Build returns the statement storing rows in table t and its arguments.
+// Parameters 1..6n are the rows' columns, six a row; scheduling parameters
+// follow them in row order.
+func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, notify bool, text func(b []byte) any) (string, []any) {
+	args := make([]any, 0, len(rows)*6)
+	immediate, dedup := true, false
+	for i := range rows {
+		r := &rows[i]
+		args = append(args, r.ID.String(), r.Topic, nullString(r.Key), nullBytes(r.Payload, text), nullBytes(r.Headers, text), nullString(r.DedupKey))
+		immediate = immediate && r.Delay == 0 && r.NotBefore.IsZero()
+		dedup = dedup || r.DedupKey != ""
+	}
+	notify = notify && in.Notify != nil
+	key := stmtKey{t, len(rows), dedup, notify}
+	if immediate {
+		if q, ok := in.stmts.Load(key); ok {
+			return q.(string), args
+		}
+	}
+	var b strings.Builder
+	b.Grow(200 + 48*len(rows))
+	b.WriteString("INSERT INTO ")
+	b.WriteString(quotedTable)
+	b.WriteString(Columns)
+	n, extra := 0, 6*len(rows)
+	for i := range rows {
+		r := &rows[i]
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for c := range 6 {
+			if c > 0 {
+				b.WriteString(", ")
+			}
+			n++
+			in.Placeholder(&b, n)
+		}
+		b.WriteString(", ")
+		p := func() { extra++; in.Placeholder(&b, extra) }
+		switch {
+		case r.Delay > 0:
+			in.Delay(&b, p)
+			args = append(args, in.DelayArg(r))
+		case !r.NotBefore.IsZero():
+			in.NotBefore(&b, p)
+			args = append(args, in.NotBeforeArg(r))
+		default:
+			b.WriteString(in.Now)
+		}
+		b.WriteByte(')')
+	}
+	if dedup {
+		b.WriteString(in.OnConflict)
+	}
+	b.WriteString(in.Returning)
+	q := b.String()
+	if notify {
+		var w strings.Builder
+		in.Notify(&w, q, t)
+		q = w.String()
+	}
+	if immediate {
+		in.stmts.Store(key, q)
+	}
+	return q, args
+}
+
+// nullString maps "" to SQL NULL.
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// nullBytes maps nil to SQL NULL and passes JSON through text.
+func nullBytes(b []byte, text func([]byte) any) any {
+	if b == nil {
+		return nil
+	}
+	return text(b)
+}
