@@ -4,9 +4,9 @@
 //
 // The files name the table "outbox" and its indexes "outbox_*". They are
 // plain SQL, usable as they are by goose, golang-migrate or atlas: point the
-// tool at [Postgres] (or copy the files). To apply them from Go, under an
-// advisory lock and with a custom table name, use the dialect's Migrate helper
-// (postgres.Migrate), which reads them through [Load].
+// tool at [Postgres] or [SQLite] (or copy the files). To apply them from Go,
+// under a lock and with a custom table name, use the dialect's Migrate
+// helper (postgres.Migrate, sqlite.Migrate), which reads them through [Load].
 package migrations
 
 import (
@@ -19,12 +19,15 @@ import (
 	"strings"
 )
 
-//go:embed postgres/*.sql
+//go:embed postgres/*.sql sqlite/*.sql
 var files embed.FS
 
 // Postgres returns the PostgreSQL migrations: a flat fs.FS of
 // NNNN_name.up.sql and NNNN_name.down.sql files.
 func Postgres() fs.FS { return sub("postgres") }
+
+// SQLite returns the SQLite migrations, laid out like [Postgres].
+func SQLite() fs.FS { return sub("sqlite") }
 
 func sub(dir string) fs.FS {
 	f, err := fs.Sub(files, dir)

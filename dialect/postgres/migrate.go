@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 
+	"github.com/oncommit/oncommit/internal/migrate"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -43,47 +44,16 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 	if t.Schema != "" {
 		track = `"` + t.Schema + `".` + track
 	}
-	stmts := []string{`SELECT pg_advisory_xact_lock(hashtext('oncommit.migrate'), hashtext(` + quoteLiteral(t.String()) + `))`}
+	if _, err = tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('oncommit.migrate'), hashtext(`+quoteLiteral(t.String())+`))`); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
 	if t.Schema != "" {
-		stmts = append(stmts, `CREATE SCHEMA IF NOT EXISTS "`+t.Schema+`"`)
-	}
-	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+track+` (
-    table_name text        NOT NULL,
-    version    integer     NOT NULL,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (table_name, version))`)
-	for _, s := range stmts {
-		if _, err = tx.ExecContext(ctx, s); err != nil {
+		if _, err = tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS "`+t.Schema+`"`); err != nil {
 			return fmt.Errorf("outbox: migrate: %w", err)
 		}
 	}
-	applied := map[int]bool{}
-	rows, err := tx.QueryContext(ctx, `SELECT version FROM `+track+` WHERE table_name = $1`, t.Name)
-	if err != nil {
-		return fmt.Errorf("outbox: migrate: %w", err)
-	}
-	for rows.Next() {
-		var v int
-		if err = rows.Scan(&v); err != nil {
-			rows.Close()
-			return fmt.Errorf("outbox: migrate: %w", err)
-		}
-		applied[v] = true
-	}
-	if err = rows.Err(); err != nil {
-		return fmt.Errorf("outbox: migrate: %w", err)
-	}
-	for _, m := range migs {
-		if applied[m.Version] {
-			continue
-		}
-		if _, err = tx.ExecContext(ctx, m.Up); err != nil {
-			return fmt.Errorf("outbox: migrate %04d_%s: %w", m.Version, m.Name, err)
-		}
-		if _, err = tx.ExecContext(ctx, `INSERT INTO `+track+` (table_name, version, name) VALUES ($1, $2, $3)`, t.Name, m.Version, m.Name); err != nil {
-			return fmt.Errorf("outbox: migrate %04d_%s: %w", m.Version, m.Name, err)
-		}
+	if err = migrate.Apply(ctx, tx, track, t.Name, migs, "$1, $2, $3"); err != nil {
+		return err
 	}
 	if err = tx.Commit(); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
