@@ -1,0 +1,120 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/sqlite"
+	"github.com/oncommit/oncommit/outbox"
+	_ "modernc.org/sqlite"
+)
+
+// openExampleDB opens an in-memory SQLite database with the outbox table.
+func openExampleDB(ctx context.Context) *sql.DB {
+	db, err := sql.Open("sqlite", "file::memory:")
+	if err != nil {
+		panic(err)
+	}
+	db.SetMaxOpenConns(1) // one connection: one in-memory database
+	if err := sqlite.Migrate(ctx, db, ""); err != nil {
+		panic(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY)`); err != nil {
+		panic(err)
+	}
+	return db
+}
+
+// Publish a message inside the transaction that writes the business row:
+// the commit stores both.
+func ExampleOutbox_Publish() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
+	if err != nil {
+		panic(err)
+	}
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id) VALUES ('A-1')`); err != nil {
+		panic(err)
+	}
+	res, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{
+		Topic:    "order.placed",
+		Key:      "A-1",
+		Payload:  []byte(`{"order_id":"A-1"}`),
+		DedupKey: "order.placed/A-1",
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := tx.Commit(); err != nil {
+		panic(err)
+	}
+
+	var stored string
+	if err := db.QueryRowContext(ctx, `SELECT id FROM outbox`).Scan(&stored); err != nil {
+		panic(err)
+	}
+	fmt.Println("duplicate:", res.Duplicate)
+	fmt.Println("stored id is the returned id:", stored == res.ID.String())
+	// Output:
+	// duplicate: false
+	// stored id is the returned id: true
+}
+
+// A rolled-back transaction leaves no message, and a message that fails
+// validation is refused before any SQL is sent.
+func ExampleOutbox_Publish_rollback() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+
+	tx, _ := db.BeginTx(ctx, nil)
+	_, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed", Payload: []byte(`{"oops":`)})
+	fmt.Println("invalid message:", errors.Is(err, outbox.ErrInvalidMessage))
+	_, _ = ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed"})
+	_ = tx.Rollback()
+
+	var n int
+	_ = db.QueryRowContext(ctx, `SELECT count(*) FROM outbox`).Scan(&n)
+	fmt.Println("messages after rollback:", n)
+	// Output:
+	// invalid message: true
+	// messages after rollback: 0
+}
+
+// PublishBatch stores many messages with one statement.
+func ExampleOutbox_PublishBatch() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+
+	tx, _ := db.BeginTx(ctx, nil)
+	res, err := ob.PublishBatch(ctx, sqltx.From(tx), []outbox.Message{
+		{Topic: "invoice.issued", DedupKey: "invoice/7"},
+		{Topic: "invoice.issued", DedupKey: "invoice/7"}, // same key: stored once
+		{Topic: "mail.send"},
+	})
+	if err != nil {
+		panic(err)
+	}
+	_ = tx.Commit()
+	for i, r := range res {
+		fmt.Printf("message %d duplicate=%v\n", i, r.Duplicate)
+	}
+	// Output:
+	// message 0 duplicate=false
+	// message 1 duplicate=true
+	// message 2 duplicate=false
+}
