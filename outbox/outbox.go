@@ -56,7 +56,9 @@ type Config struct {
 	// CommandTimeout bounds each statement Publish sends, on top of the
 	// caller's context: a frozen or unreachable database then surfaces as an
 	// error wrapping context.DeadlineExceeded instead of a hang. Zero means
-	// only the caller's context bounds it. Defaults to 0.
+	// only the caller's context bounds it. The bound holds on pgx (native
+	// and stdlib); lib/pq waits for a frozen server's answer to its cancel
+	// request and cannot be bounded. Defaults to 0.
 	CommandTimeout time.Duration
 }
 

@@ -1,0 +1,29 @@
+// Package outbox is the core of oncommit, a transactional outbox for Go.
+//
+// The guarantee: a message published with [Outbox.Publish] is stored by the
+// caller's own transaction, so it exists if and only if that transaction
+// commits. Publish runs exactly one statement on the transaction it is given
+// and never begins, commits or rolls back; pools and bare connections are
+// refused (see [Tx]). Delivery, by a relay, is at least once; every message
+// carries a stable, time-ordered [ID] for idempotent handlers.
+//
+// Build an Outbox once, from a dialect value:
+//
+//	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
+//
+// then publish inside the transactions the service already owns:
+//
+//	tx, _ := db.BeginTx(ctx, nil)
+//	tx.ExecContext(ctx, `INSERT INTO orders ...`)
+//	res, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed", Payload: body})
+//	tx.Commit()
+//
+// Bad input ([*MessageError]) is refused before any SQL is sent, so the
+// transaction stays usable. A DedupKey already stored makes the result a
+// duplicate, never an error. The sentinel errors say which condition a
+// failure is (ErrTxDone, ErrTxAborted, ErrNotInTransaction, ...).
+//
+// The package holds no SQL: dialect packages (dialect/postgres,
+// dialect/sqlite) supply it through the [Dialect] interface, and adapter
+// packages (adapters/sqltx, adapters/pgxtx) wrap the drivers' transactions.
+package outbox
