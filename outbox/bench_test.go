@@ -58,6 +58,15 @@ func BenchmarkPublish(b *testing.B) {
 			return err
 		}
 	}
+	rawReturning := func(ctx context.Context, tx pgx.Tx, ob *outbox.Outbox) error {
+		rows, err := tx.Query(ctx, `INSERT INTO `+postgres.QuoteTable(ob.Table())+` (id, topic, message_key, payload) VALUES ($1, $2, $3, $4) RETURNING id::text`,
+			outbox.NewID().String(), msg.Topic, msg.Key, string(msg.Payload))
+		if err != nil {
+			return err
+		}
+		rows.Close()
+		return rows.Err()
+	}
 	publish := func(ctx context.Context, tx pgx.Tx, ob *outbox.Outbox) error {
 		_, err := ob.Publish(ctx, pgxtx.From(tx), msg)
 		return err
@@ -72,6 +81,7 @@ func BenchmarkPublish(b *testing.B) {
 		op   op
 	}{
 		{"raw-insert", outbox.Config{}, raw(1)},
+		{"raw-insert-returning", outbox.Config{}, rawReturning},
 		{"publish-notify-off", outbox.Config{Notify: outbox.NotifyOff}, publish},
 		{"publish-notify-on", outbox.Config{}, publish},
 		{"raw-insert-100", outbox.Config{}, raw(100)},

@@ -11,11 +11,14 @@ type Dialect interface {
 	Capabilities() Capabilities
 
 	// Insert returns the one statement, and its arguments, that stores rows
-	// in table in one round trip and returns the id (as text) of each row it
-	// stored; rows whose DedupKey is already taken are skipped, not an
-	// error. When notify is true the statement also sends the wake-up
-	// notification (inside the same transaction). rows holds at least one row
-	// and at most Capabilities().MaxParams / Capabilities().ParamsPerRow.
+	// in table in one round trip. When some row has a DedupKey, rows whose
+	// DedupKey is already taken are skipped, not an error, and the statement
+	// returns the id (as text) of each row it stored. When no row has one,
+	// every row is stored or the statement fails, and whatever rows the
+	// statement returns are ignored. When notify is true the statement also
+	// sends the wake-up notification (inside the same transaction). rows
+	// holds at least one row and at most
+	// Capabilities().MaxParams / Capabilities().ParamsPerRow.
 	Insert(table Table, rows []Row, notify bool) (query string, args []any)
 
 	// Classify maps an error returned by the driver for a statement of this

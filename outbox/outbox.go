@@ -237,14 +237,18 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 		ctx, cancel = context.WithTimeout(ctx, o.cfg.CommandTimeout)
 		defer cancel()
 	}
-	stored, err := o.query(ctx, tx, query, args, len(rows))
+	dedup := false
+	for i := range rows {
+		dedup = dedup || rows[i].DedupKey != ""
+	}
+	stored, err := o.query(ctx, tx, query, args, len(rows), dedup)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 			return fmt.Errorf("outbox: publish: %w: %w", cerr, err)
 		}
 		return fmt.Errorf("outbox: publish: %w", err)
 	}
-	if len(stored) == len(rows) { // the common case: nothing was a duplicate
+	if !dedup || len(stored) == len(rows) { // nothing was a duplicate
 		for i := range rows {
 			res[i] = Result{ID: rows[i].ID}
 		}
@@ -268,14 +272,21 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 	return nil
 }
 
-// query runs the insert and returns the text ids of the stored rows.
-func (o *Outbox) query(ctx context.Context, tx Tx, query string, args []any, n int) ([]string, error) {
+// query runs the insert and returns the text ids of the stored rows, when
+// scan is set; otherwise it only reads the statement to its end.
+func (o *Outbox) query(ctx context.Context, tx Tx, query string, args []any, n int, scan bool) ([]string, error) {
 	rs, err := tx.QueryTx(ctx, query, args...)
 	if err != nil {
 		return nil, o.d.Classify(err)
 	}
-	ids := make([]string, 0, n)
+	var ids []string
+	if scan {
+		ids = make([]string, 0, n)
+	}
 	for rs.Next() {
+		if !scan {
+			continue
+		}
 		var s string
 		if err := rs.Scan(&s); err != nil {
 			rs.Close()

@@ -7,7 +7,6 @@ import (
 
 	"github.com/oncommit/oncommit/internal/migrate"
 	"github.com/oncommit/oncommit/migrations"
-	"github.com/oncommit/oncommit/outbox"
 )
 
 // Migrate creates or upgrades the outbox table named table ("" means
@@ -20,14 +19,7 @@ import (
 // Applied versions are recorded in the table oncommit_migrations, in the
 // same schema. pgx users can pass stdlib.OpenDBFromPool(pool).
 func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
-	if table == "" {
-		table = outbox.DefaultTable
-	}
-	t, err := outbox.ParseTable(table)
-	if err != nil {
-		return err
-	}
-	migs, err := migrations.Load(migrations.Postgres(), t.String())
+	t, migs, err := migrate.Prepare(migrations.Postgres(), table)
 	if err != nil {
 		return err
 	}

@@ -59,14 +59,16 @@ func Channel(t outbox.Table) string { return t.String() }
 //	VALUES ($1, $2, $3, $4, $5, $6, now()), ...
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text
 //
-// The ON CONFLICT clause is present only when some row has a DedupKey;
-// without one no row can conflict, and a plain INSERT is cheaper.
+// The ON CONFLICT and RETURNING clauses are present only when some row has a
+// DedupKey; without one no row can conflict, every row is stored or the
+// statement fails, and a plain INSERT is cheaper.
 //
 // With notify the INSERT becomes a CTE and the statement calls pg_notify
 // with the channel and an empty payload: one notification per transaction,
 // on one channel per table:
 //
 //	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
+//	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
 //
 // available_at is now() for an immediate message, now() + make_interval(secs
 // => $n) for a Delay, and greatest(now(), $n) for a NotBefore; these
@@ -100,12 +102,18 @@ func newInsert() *sqlbuild.Insert {
 		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore },
 		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
 		Returning:    ` RETURNING id::text`,
-		Notify: func(b *strings.Builder, insert string, t outbox.Table) {
+		Notify: func(b *strings.Builder, insert string, t outbox.Table, returning bool) {
 			b.WriteString("WITH ins AS (")
 			b.WriteString(insert)
-			b.WriteString(") SELECT ins.id FROM pg_notify(")
-			b.WriteString(quoteLiteral(Channel(t)))
-			b.WriteString(", ''), ins")
+			if returning {
+				b.WriteString(") SELECT ins.id FROM pg_notify(")
+				b.WriteString(quoteLiteral(Channel(t)))
+				b.WriteString(", ''), ins")
+			} else {
+				b.WriteString(") SELECT FROM pg_notify(")
+				b.WriteString(quoteLiteral(Channel(t)))
+				b.WriteString(", '')")
+			}
 		},
 	}
 }

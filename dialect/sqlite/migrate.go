@@ -16,19 +16,12 @@ import (
 // processes that start together apply each migration once. Applied versions
 // are recorded in the table oncommit_migrations.
 func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
-	if table == "" {
-		table = outbox.DefaultTable
-	}
-	t, err := outbox.ParseTable(table)
+	t, migs, err := migrate.Prepare(migrations.SQLite(), table)
 	if err != nil {
 		return err
 	}
 	if t.Schema != "" {
 		return &outbox.ConfigError{Field: "Table", Reason: "SQLite tables cannot be schema-qualified"}
-	}
-	migs, err := migrations.Load(migrations.SQLite(), t.Name)
-	if err != nil {
-		return err
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {

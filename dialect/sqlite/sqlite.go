@@ -82,7 +82,8 @@ func QuoteTable(t outbox.Table) string {
 //	VALUES (?1, ?2, ?3, ?4, ?5, ?6, CAST(unixepoch('subsec') * 1000 AS INTEGER)), ...
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id
 //
-// with the ON CONFLICT clause only when some row has a DedupKey.
+// with the ON CONFLICT and RETURNING clauses only when some row has a
+// DedupKey: without one, every row is stored or the statement fails.
 func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
 	return d.insert.Build(QuoteTable(t), t, rows, false, func(b []byte) any { return string(b) })
 }

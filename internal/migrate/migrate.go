@@ -7,10 +7,26 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io/fs"
 	"strings"
 
 	"github.com/oncommit/oncommit/migrations"
+	"github.com/oncommit/oncommit/outbox"
 )
+
+// Prepare validates table ("" means outbox.DefaultTable) and loads the
+// migrations in fsys for it.
+func Prepare(fsys fs.FS, table string) (outbox.Table, []migrations.Migration, error) {
+	if table == "" {
+		table = outbox.DefaultTable
+	}
+	t, err := outbox.ParseTable(table)
+	if err != nil {
+		return outbox.Table{}, nil, err
+	}
+	migs, err := migrations.Load(fsys, t.String())
+	return t, migs, err
+}
 
 // Execer is a *sql.Tx or a *sql.Conn inside a transaction.
 type Execer interface {

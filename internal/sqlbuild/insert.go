@@ -26,14 +26,15 @@ type Insert struct {
 	// DelayArg and NotBeforeArg give the argument for those parameters.
 	DelayArg     func(r *outbox.Row) any
 	NotBeforeArg func(r *outbox.Row) any
-	// OnConflict skips rows whose dedup key is taken; used only when some
-	// row has one, since without one no row can conflict and a plain INSERT
-	// is cheaper.
+	// OnConflict skips rows whose dedup key is taken, and Returning then
+	// returns the ids of the rows stored. Both are used only when some row
+	// has a dedup key: without one no row can conflict, every row is stored
+	// or the statement fails, and a plain INSERT is cheaper.
 	OnConflict string
-	// Returning ends the INSERT: it returns the stored ids.
-	Returning string
-	// Notify, when not nil, wraps the INSERT with the wake-up notification.
-	Notify func(b *strings.Builder, insert string, t outbox.Table)
+	Returning  string
+	// Notify, when not nil, wraps the INSERT (with or without its
+	// Returning clause) with the wake-up notification.
+	Notify func(b *strings.Builder, insert string, t outbox.Table, returning bool)
 
 	// stmts caches the text of statements whose rows are all immediate: a
 	// batch of n such rows always has the same text.
@@ -100,12 +101,12 @@ func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, n
 	}
 	if dedup {
 		b.WriteString(in.OnConflict)
+		b.WriteString(in.Returning)
 	}
-	b.WriteString(in.Returning)
 	q := b.String()
 	if notify {
 		var w strings.Builder
-		in.Notify(&w, q, t)
+		in.Notify(&w, q, t, dedup)
 		q = w.String()
 	}
 	if immediate {
