@@ -84,35 +84,50 @@ func TestPublishNeverOwnsTheTransaction(t *testing.T) {
 	}
 }
 
-// TestPublishSQLPinned pins the exact statement for one immediate message,
-// without and with a dedup key, without and with NOTIFY.
+// TestPublishSQLPinned pins the exact statements.
 func TestPublishSQLPinned(t *testing.T) {
-	const cols = ` (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES ($1, $2, $3, $4, $5, $6, now())`
 	const conflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`
+	off := outbox.Config{Notify: outbox.NotifyOff}
+	app := outbox.Config{Table: "app.outbox"}
+	nb := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
-		cfg   outbox.Config
-		dedup string
-		want  string
+		cfg  outbox.Config
+		msgs []outbox.Message
+		want string
+		args []any // after the ids
 	}{
-		{outbox.Config{Notify: outbox.NotifyOff}, "", `INSERT INTO "outbox"` + cols},
-		{outbox.Config{Notify: outbox.NotifyOff}, "d", `INSERT INTO "outbox"` + cols + conflict + ` RETURNING id::text`},
-		{outbox.Config{Table: "app.outbox"}, "", `WITH ins AS (INSERT INTO "app"."outbox"` + cols + `) SELECT FROM pg_notify('app.outbox', '')`},
-		{outbox.Config{Table: "app.outbox"}, "d", `WITH ins AS (INSERT INTO "app"."outbox"` + cols + conflict + ` RETURNING id::text) SELECT ins.id FROM pg_notify('app.outbox', ''), ins`},
+		{off, []outbox.Message{{Topic: "t"}},
+			`INSERT INTO "outbox" (id, topic) VALUES ($1, $2)`, []any{"t"}},
+		{off, []outbox.Message{{Topic: "t", DedupKey: "d"}},
+			`INSERT INTO "outbox" (id, topic, dedup_key) VALUES ($1, $2, $3)` + conflict + ` RETURNING id::text`, []any{"t", "d"}},
+		{app, []outbox.Message{{Topic: "t", Key: "k", Payload: []byte(`{}`)}},
+			`WITH ins AS (INSERT INTO "app"."outbox" (id, topic, message_key, payload) VALUES ($1, $2, $3, $4)) SELECT FROM pg_notify('app.outbox', '')`, []any{"t", "k", "{}"}},
+		{app, []outbox.Message{{Topic: "t", DedupKey: "d", Headers: map[string]string{"h": "v"}}},
+			`WITH ins AS (INSERT INTO "app"."outbox" (id, topic, headers, dedup_key) VALUES ($1, $2, $3, $4)` + conflict + ` RETURNING id::text) SELECT ins.id FROM pg_notify('app.outbox', ''), ins`, []any{"t", `{"h":"v"}`, "d"}},
+		{off, []outbox.Message{{Topic: "a", Delay: 1500 * time.Millisecond}, {Topic: "b", Key: "k"}, {Topic: "c", NotBefore: nb}},
+			`INSERT INTO "outbox" (id, topic, message_key, available_at) VALUES ($1, $2, $3, now() + make_interval(secs => $10)), ($4, $5, $6, now()), ($7, $8, $9, greatest(now(), $11::timestamptz))`,
+			[]any{"a", nil, "b", "k", "c", nil, 1.5, nb}},
 	} {
-		st, err := mustNew(t, tc.cfg).PublishSQL(outbox.Message{Topic: "t", DedupKey: tc.dedup})
+		st, err := mustNew(t, tc.cfg).PublishSQL(tc.msgs...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Query != tc.want {
 			t.Errorf("statement\n got %s\nwant %s", st.Query, tc.want)
 		}
-		var dedup any
-		if tc.dedup != "" {
-			dedup = tc.dedup
+		var got []any
+		ids := map[string]bool{}
+		for _, id := range st.IDs {
+			ids[id.String()] = true
 		}
-		want := []any{st.IDs[0].String(), "t", nil, nil, nil, dedup}
-		if !reflect.DeepEqual(st.Args, want) {
-			t.Errorf("args %#v, want %#v", st.Args, want)
+		for _, a := range st.Args {
+			if s, ok := a.(string); ok && ids[s] {
+				continue
+			}
+			got = append(got, a)
+		}
+		if len(st.Args)-len(got) != len(tc.msgs) || !reflect.DeepEqual(got, tc.args) {
+			t.Errorf("args %#v, want ids and %#v", st.Args, tc.args)
 		}
 	}
 }

@@ -53,15 +53,20 @@ func QuoteTable(t outbox.Table) string {
 // constant and avoids channel-name collisions between topics.
 func Channel(t outbox.Table) string { return t.String() }
 
-// Insert builds the publish statement. Without notify:
+// Insert builds the publish statement. Without notify, for one message
+// with a key, a payload and a DedupKey:
 //
-//	INSERT INTO "outbox" (id, topic, message_key, payload, headers, dedup_key, available_at)
-//	VALUES ($1, $2, $3, $4, $5, $6, now()), ...
+//	INSERT INTO "outbox" (id, topic, message_key, payload, dedup_key) VALUES ($1, $2, $3, $4, $5)
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id::text
 //
-// The ON CONFLICT and RETURNING clauses are present only when some row has a
-// DedupKey; without one no row can conflict, every row is stored or the
-// statement fails, and a plain INSERT is cheaper.
+// Only the columns some message sets are listed. The ON CONFLICT and
+// RETURNING clauses are present only when some message has a DedupKey;
+// without one no row can conflict, every row is stored or the statement
+// fails, and a plain INSERT is cheaper. available_at is left to its
+// default, now(), unless some message is scheduled: then it is now() for an
+// immediate message, now() + make_interval(secs => $n) for a Delay, and
+// greatest(now(), $n) for a NotBefore, with these parameters after all the
+// column parameters.
 //
 // With notify the INSERT becomes a CTE and the statement calls pg_notify
 // with the channel and an empty payload: one notification per transaction,
@@ -69,10 +74,6 @@ func Channel(t outbox.Table) string { return t.String() }
 //
 //	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
 //	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
-//
-// available_at is now() for an immediate message, now() + make_interval(secs
-// => $n) for a Delay, and greatest(now(), $n) for a NotBefore; these
-// parameters come after the six column parameters of every row.
 func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
 	return d.insert.Build(QuoteTable(t), t, rows, notify, jsonText)
 }

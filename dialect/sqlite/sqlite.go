@@ -76,14 +76,15 @@ func QuoteTable(t outbox.Table) string {
 	return `"` + t.Schema + `"."` + t.Name + `"`
 }
 
-// Insert builds the publish statement:
+// Insert builds the publish statement, for example
 //
-//	INSERT INTO "outbox" (id, topic, message_key, payload, headers, dedup_key, available_at)
-//	VALUES (?1, ?2, ?3, ?4, ?5, ?6, CAST(unixepoch('subsec') * 1000 AS INTEGER)), ...
+//	INSERT INTO "outbox" (id, topic, payload, dedup_key) VALUES (?1, ?2, ?3, ?4)
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id
 //
-// with the ON CONFLICT and RETURNING clauses only when some row has a
-// DedupKey: without one, every row is stored or the statement fails.
+// listing only the columns some message sets, with the ON CONFLICT and
+// RETURNING clauses only when some message has a DedupKey (without one,
+// every row is stored or the statement fails), and available_at only when
+// some message is scheduled (its default is the database clock).
 func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
 	return d.insert.Build(QuoteTable(t), t, rows, false, func(b []byte) any { return string(b) })
 }

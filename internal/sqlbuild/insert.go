@@ -9,15 +9,12 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-// Columns is the column list of the publish INSERT; the six parameters of
-// each row come in this order, then available_at is an expression.
-const Columns = ` (id, topic, message_key, payload, headers, dedup_key, available_at) VALUES `
-
 // Insert is one dialect's spelling of the publish INSERT.
 type Insert struct {
 	// Placeholder writes bind parameter n (1-based): "$n" or "?n".
 	Placeholder func(b *strings.Builder, n int)
-	// Now is the database clock, as stored in available_at.
+	// Now is the database clock, as stored in available_at; the column's
+	// default must be the same expression.
 	Now string
 	// Delay writes available_at for a delay held in parameter p.
 	Delay func(b *strings.Builder, p func())
@@ -44,58 +41,123 @@ type Insert struct {
 type stmtKey struct {
 	table         outbox.Table
 	n             int
+	cols          uint8
 	dedup, notify bool
 }
 
+// Optional columns, present in the statement only when some row has a
+// value for them; id and topic are always present.
+const (
+	colKey uint8 = 1 << iota
+	colPayload
+	colHeaders
+	colDedup
+)
+
+var optional = [...]struct {
+	bit  uint8
+	name string
+}{{colKey, "message_key"}, {colPayload, "payload"}, {colHeaders, "headers"}, {colDedup, "dedup_key"}}
+
 // Build returns the statement storing rows in table t and its arguments.
-// Parameters 1..6n are the rows' columns, six a row; scheduling parameters
-// follow them in row order.
+//
+// Only the columns some row has a value for are listed (rows without one
+// get NULL), and available_at only when some row is delayed: otherwise the
+// column's default, the database clock, applies. The parameters are the
+// rows' column values, row after row; scheduling parameters follow them in
+// row order.
 func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, notify bool, text func(b []byte) any) (string, []any) {
-	args := make([]any, 0, len(rows)*6)
-	immediate, dedup := true, false
+	var cols uint8
+	immediate := true
 	for i := range rows {
 		r := &rows[i]
-		args = append(args, r.ID.String(), r.Topic, nullString(r.Key), nullBytes(r.Payload, text), nullBytes(r.Headers, text), nullString(r.DedupKey))
+		if r.Key != "" {
+			cols |= colKey
+		}
+		if r.Payload != nil {
+			cols |= colPayload
+		}
+		if r.Headers != nil {
+			cols |= colHeaders
+		}
+		if r.DedupKey != "" {
+			cols |= colDedup
+		}
 		immediate = immediate && r.Delay == 0 && r.NotBefore.IsZero()
-		dedup = dedup || r.DedupKey != ""
 	}
+	width := 2
+	for _, c := range optional {
+		if cols&c.bit != 0 {
+			width++
+		}
+	}
+	args := make([]any, 0, len(rows)*width)
+	for i := range rows {
+		r := &rows[i]
+		args = append(args, r.ID.String(), r.Topic)
+		if cols&colKey != 0 {
+			args = append(args, nullString(r.Key))
+		}
+		if cols&colPayload != 0 {
+			args = append(args, nullBytes(r.Payload, text))
+		}
+		if cols&colHeaders != 0 {
+			args = append(args, nullBytes(r.Headers, text))
+		}
+		if cols&colDedup != 0 {
+			args = append(args, nullString(r.DedupKey))
+		}
+	}
+	dedup := cols&colDedup != 0
 	notify = notify && in.Notify != nil
-	key := stmtKey{t, len(rows), dedup, notify}
+	key := stmtKey{t, len(rows), cols, dedup, notify}
 	if immediate {
 		if q, ok := in.stmts.Load(key); ok {
 			return q.(string), args
 		}
 	}
 	var b strings.Builder
-	b.Grow(200 + 48*len(rows))
+	b.Grow(200 + 8*width*len(rows))
 	b.WriteString("INSERT INTO ")
 	b.WriteString(quotedTable)
-	b.WriteString(Columns)
-	n, extra := 0, 6*len(rows)
+	b.WriteString(" (id, topic")
+	for _, c := range optional {
+		if cols&c.bit != 0 {
+			b.WriteString(", ")
+			b.WriteString(c.name)
+		}
+	}
+	if !immediate {
+		b.WriteString(", available_at")
+	}
+	b.WriteString(") VALUES ")
+	n, extra := 0, width*len(rows)
 	for i := range rows {
 		r := &rows[i]
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		b.WriteByte('(')
-		for c := range 6 {
+		for c := range width {
 			if c > 0 {
 				b.WriteString(", ")
 			}
 			n++
 			in.Placeholder(&b, n)
 		}
-		b.WriteString(", ")
-		p := func() { extra++; in.Placeholder(&b, extra) }
-		switch {
-		case r.Delay > 0:
-			in.Delay(&b, p)
-			args = append(args, in.DelayArg(r))
-		case !r.NotBefore.IsZero():
-			in.NotBefore(&b, p)
-			args = append(args, in.NotBeforeArg(r))
-		default:
-			b.WriteString(in.Now)
+		if !immediate {
+			b.WriteString(", ")
+			p := func() { extra++; in.Placeholder(&b, extra) }
+			switch {
+			case r.Delay > 0:
+				in.Delay(&b, p)
+				args = append(args, in.DelayArg(r))
+			case !r.NotBefore.IsZero():
+				in.NotBefore(&b, p)
+				args = append(args, in.NotBeforeArg(r))
+			default:
+				b.WriteString(in.Now)
+			}
 		}
 		b.WriteByte(')')
 	}
