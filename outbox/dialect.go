@@ -1,5 +1,10 @@
 package outbox
 
+import (
+	"context"
+	"time"
+)
+
 // Dialect supplies all the SQL text of one database. The dialect packages
 // (dialect/postgres, dialect/sqlite, ...) provide one; pass it to [New].
 // The outbox package itself holds no SQL.
@@ -55,4 +60,136 @@ func (t Table) String() string {
 		return t.Name
 	}
 	return t.Schema + "." + t.Name
+}
+
+// DB is a connection pool, for the relay and the operations. Build one with
+// an adapter: sqltx.Pool(*sql.DB) or pgxtx.Pool(*pgxpool.Pool). Each
+// statement runs on its own, in autocommit: no relay statement ever holds a
+// transaction open while a handler runs.
+type DB interface {
+	// QueryDB runs one statement outside any transaction.
+	QueryDB(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Listener is implemented by a [DB] that can wait for notifications on a
+// dedicated connection (PostgreSQL LISTEN).
+type Listener interface {
+	// ListenDB opens a dedicated connection, runs listenSQL on it, calls
+	// wake once when listening and once per notification, and blocks until
+	// ctx ends (returning nil) or the connection fails (returning the error).
+	ListenDB(ctx context.Context, listenSQL string, wake func()) error
+}
+
+// RelayDialect is the part of a dialect the relay and the operations need.
+// A dialect without it can publish but cannot relay.
+type RelayDialect interface {
+	Dialect
+
+	// Claim takes at most p.Limit due messages of p.Topics in
+	// (available_at, id) order, skipping rows locked by other relays, in
+	// one statement (or one short transaction) that commits before it
+	// returns: each claimed row gets state processing, attempts + 1 and a
+	// lease of p.Lease on the database clock. A row that already had
+	// p.MaxAttempts attempts is dead-lettered instead and returned with
+	// Dead set, without its attempts growing.
+	Claim(ctx context.Context, db DB, t Table, p ClaimParams) ([]Claimed, error)
+
+	// Settle applies settlements, each fenced by (id, attempts) and state
+	// processing, and returns the fences that applied.
+	Settle(ctx context.Context, db DB, t Table, p SettleParams, s []Settlement) ([]Fence, error)
+
+	// Renew extends the leases of held messages, fenced like Settle, and
+	// returns the fences still held.
+	Renew(ctx context.Context, db DB, t Table, lease time.Duration, held []Fence) ([]Fence, error)
+
+	// Redrive makes dead messages (of topic, or all when topic is "")
+	// pending again with zero attempts, and returns how many.
+	Redrive(ctx context.Context, db DB, t Table, topic string) (int64, error)
+
+	// Purge deletes messages in the given terminal states settled more than
+	// olderThan ago, and returns how many.
+	Purge(ctx context.Context, db DB, t Table, states []State, olderThan time.Duration) (int64, error)
+
+	// Stats returns counts per topic.
+	Stats(ctx context.Context, db DB, t Table) ([]TopicStats, error)
+
+	// ListenSQL is the statement a listener runs, "" when the dialect has
+	// no notifications.
+	ListenSQL(t Table) string
+}
+
+// State is the state of a message row.
+type State string
+
+// The states of a message row.
+const (
+	StatePending    State = "pending"
+	StateProcessing State = "processing"
+	StateDelivered  State = "delivered"
+	StateDead       State = "dead"
+)
+
+// ClaimParams are the parameters of [RelayDialect.Claim].
+type ClaimParams struct {
+	Topics      []string
+	Limit       int
+	Lease       time.Duration
+	MaxAttempts int
+}
+
+// Claimed is a row returned by [RelayDialect.Claim].
+type Claimed struct {
+	ID        ID
+	Topic     string
+	Key       string
+	Payload   []byte
+	Headers   []byte
+	Attempts  int
+	CreatedAt time.Time
+	// Dead is true when the claim dead-lettered the row (max attempts).
+	Dead bool
+}
+
+// Fence identifies one claim of a message: settles and renewals apply only
+// while the row still has these attempts and state processing.
+type Fence struct {
+	ID       ID
+	Attempts int
+}
+
+// SettleKind is the outcome of a delivery.
+type SettleKind int
+
+// The outcomes of a delivery.
+const (
+	SettleDone  SettleKind = iota + 1 // handled: delete, or mark delivered
+	SettleRetry                       // reschedule
+	SettleDead                        // dead-letter (or delete when discarding)
+)
+
+// Settlement is one outcome to write.
+type Settlement struct {
+	Fence
+	Kind  SettleKind
+	Delay time.Duration // SettleRetry: from now on the database clock
+	At    time.Time     // SettleRetry: absolute time, when not zero
+	Error string        // recorded as last_error
+}
+
+// SettleParams are the relay settings Settle applies.
+type SettleParams struct {
+	KeepDelivered bool // mark done rows delivered instead of deleting them
+	DiscardDead   bool // delete dead rows instead of keeping them
+}
+
+// TopicStats are the counts of one topic.
+type TopicStats struct {
+	Topic      string
+	Pending    int64
+	Processing int64
+	Delivered  int64
+	Dead       int64
+	// OldestPending is the age of the oldest pending message that is due,
+	// on the database clock; zero when none is.
+	OldestPending time.Duration
 }

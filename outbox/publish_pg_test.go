@@ -400,7 +400,7 @@ func TestMigrateConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, schema+".oncommit_migrations", `table_name = 'orders_outbox'`); n != 1 {
+	if n := count(t, schema+".oncommit_migrations", `table_name = 'orders_outbox'`); n != 2 {
 		t.Errorf("%d migration records, want 1", n)
 	}
 	var idx []string
@@ -413,7 +413,7 @@ func TestMigrateConcurrent(t *testing.T) {
 		_ = rows.Scan(&s)
 		idx = append(idx, s)
 	}
-	if got := strings.Join(idx, ","); got != "oncommit_migrations_pkey,orders_outbox_claim_idx,orders_outbox_dedup_idx,orders_outbox_pkey" {
+	if got := strings.Join(idx, ","); got != "oncommit_migrations_pkey,orders_outbox_claim_idx,orders_outbox_dedup_idx,orders_outbox_pkey,orders_outbox_settled_idx" {
 		t.Errorf("indexes %s", got)
 	}
 	if err := postgres.Migrate(context.Background(), db, "Bad-Name"); !errors.Is(err, outbox.ErrInvalidConfig) {

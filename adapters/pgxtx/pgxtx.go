@@ -15,6 +15,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oncommit/oncommit/internal/pglisten"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -104,4 +106,40 @@ type pgxRows struct{ pgx.Rows }
 func (r pgxRows) Close() error {
 	r.Rows.Close()
 	return r.Rows.Err()
+}
+
+// DB is the [outbox.DB] around a *pgxpool.Pool, for the relay and the
+// operations. Build it with [Pool].
+type DB struct {
+	pool *pgxpool.Pool
+}
+
+// Pool returns pool as an [outbox.DB]. The relay listens for notifications
+// on a dedicated connection it opens with the pool's configuration and the
+// application_name "oncommit-listener" (not one of the pool's connections).
+func Pool(pool *pgxpool.Pool) *DB { return &DB{pool: pool} }
+
+// QueryDB runs query on the pool, outside any transaction.
+func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	rows, err := d.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgxRows{rows}, nil
+}
+
+// ListenDB opens a dedicated connection and listens on it until ctx ends or
+// the connection fails.
+func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error {
+	cfg := d.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = "oncommit-listener"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return pglisten.Run(ctx, conn, listenSQL, wake)
 }

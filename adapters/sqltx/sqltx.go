@@ -12,9 +12,12 @@ package sqltx
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/oncommit/oncommit/internal/pglisten"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -51,4 +54,51 @@ func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows
 		return nil, err
 	}
 	return rows, nil
+}
+
+// DB is the [outbox.DB] around a *sql.DB, for the relay and the operations.
+// Build it with [Pool].
+type DB struct {
+	db *sql.DB
+}
+
+// Pool returns db as an [outbox.DB]. With pgx's stdlib driver it can also
+// listen for notifications (on a connection it takes from db for as long as
+// the relay runs); with lib/pq the relay polls only.
+func Pool(db *sql.DB) *DB { return &DB{db: db} }
+
+// QueryDB runs query on the pool, outside any transaction.
+func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	rows, err := d.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// ListenDB listens for notifications on a connection taken from the pool,
+// which it discards afterwards. It needs pgx's stdlib driver; with any other
+// driver it returns an error wrapping [outbox.ErrUnsupported] and the relay
+// polls only.
+func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver, not %T", outbox.ErrUnsupported, dc)
+		}
+		// The connection is listening: never give it back to the pool.
+		return errors.Join(pglisten.Run(ctx, sc.Conn(), listenSQL, wake), driver.ErrBadConn)
+	})
+	if errors.Is(err, outbox.ErrUnsupported) {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }

@@ -1,0 +1,123 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Delivery is one attempt at delivering a message, as a handler sees it.
+type Delivery struct {
+	// ID is the message's stable id: use it as the idempotency key of the
+	// side effect. It is the same on every attempt.
+	ID ID
+	// Topic, Key, Headers and Payload are as published (Key is "" when
+	// none was set; Payload is nil when none was set).
+	Topic   string
+	Key     string
+	Headers map[string]string
+	Payload []byte
+	// Attempt counts the claims of this message, this one included: 1 on
+	// the first delivery. It also counts claims whose handler never finished
+	// (a crash), so it can exceed the number of handler runs you observed.
+	Attempt int
+	// CreatedAt is when the message was published, on the database clock.
+	CreatedAt time.Time
+}
+
+// Handler handles the messages of one topic. Its return value decides what
+// happens to the message:
+//
+//   - nil: done; the message is deleted (or marked delivered).
+//   - an error: retry after the backoff, or dead-letter once the message has
+//     had RelayConfig.MaxAttempts attempts.
+//   - [RetryAfter] or [RetryAt]: retry at that time (still an attempt).
+//   - [Cancel]: dead-letter now, with the reason.
+//
+// A panic is recovered and counts as an error. The context is cancelled
+// when the relay shuts down and the grace period has passed, or when the
+// lease is lost; a handler should return promptly then.
+type Handler func(ctx context.Context, d Delivery) error
+
+// RetryError asks for a retry at a given time. Build it with [RetryAfter] or
+// [RetryAt].
+type RetryError struct {
+	After  time.Duration // delay from now on the database clock, when At is zero
+	At     time.Time     // absolute time, when set
+	Reason error         // optional, recorded as the message's last error
+}
+
+func (e *RetryError) Error() string {
+	if e.Reason != nil {
+		return "retry requested: " + e.Reason.Error()
+	}
+	return "retry requested"
+}
+
+// Unwrap returns the reason.
+func (e *RetryError) Unwrap() error { return e.Reason }
+
+// RetryAfter returns an error that reschedules the message d from now (on
+// the database clock), with reason recorded (reason may be nil).
+func RetryAfter(d time.Duration, reason error) error {
+	if d < 0 {
+		d = 0
+	}
+	return &RetryError{After: d, Reason: reason}
+}
+
+// RetryAt returns an error that reschedules the message at t.
+func RetryAt(t time.Time, reason error) error { return &RetryError{At: t, Reason: reason} }
+
+// CancelError dead-letters a message at once. Build it with [Cancel].
+type CancelError struct {
+	Reason error
+}
+
+func (e *CancelError) Error() string {
+	if e.Reason == nil {
+		return "cancelled"
+	}
+	return "cancelled: " + e.Reason.Error()
+}
+
+// Unwrap returns the reason.
+func (e *CancelError) Unwrap() error { return e.Reason }
+
+// Cancel returns an error that dead-letters the message at once, without
+// further retries, recording reason. Use it when retrying cannot help.
+func Cancel(reason error) error { return &CancelError{Reason: reason} }
+
+// Validator is implemented by payload types that check themselves after
+// decoding; see [HandleJSON].
+type Validator interface {
+	Validate() error
+}
+
+// HandleJSON registers on r, for topic, a handler that decodes the JSON
+// payload into a T (unknown fields are allowed) and, if T implements
+// [Validator], validates it. A payload that is missing, fails to decode or
+// fails validation dead-letters the message at once: retrying cannot help.
+func HandleJSON[T any](r *Relay, topic string, h func(ctx context.Context, d Delivery, v T) error) error {
+	return r.Handle(topic, func(ctx context.Context, d Delivery) error {
+		var v T
+		if d.Payload == nil {
+			return Cancel(errors.New("invalid payload: message has no payload"))
+		}
+		if err := json.Unmarshal(d.Payload, &v); err != nil {
+			return Cancel(fmt.Errorf("invalid payload: %w", err))
+		}
+		if val, ok := any(&v).(Validator); ok {
+			if err := val.Validate(); err != nil {
+				return Cancel(fmt.Errorf("invalid payload: %w", err))
+			}
+		} else if val, ok := any(v).(Validator); ok {
+			if err := val.Validate(); err != nil {
+				return Cancel(fmt.Errorf("invalid payload: %w", err))
+			}
+		}
+		return h(ctx, d, v)
+	})
+}

@@ -1,0 +1,81 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// PurgeOptions say which messages [Outbox.Purge] deletes.
+type PurgeOptions struct {
+	// States are the terminal states to purge: StateDead, StateDelivered
+	// or both. Defaults to both.
+	States []State
+	// OlderThan keeps messages settled more recently than this. Defaults to 0:
+	// every message in those states.
+	OlderThan time.Duration
+}
+
+func (o *Outbox) relayDialect() (RelayDialect, error) {
+	rd, ok := o.d.(RelayDialect)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNoRelay, o.d.Name())
+	}
+	return rd, nil
+}
+
+// Purge deletes dead and/or delivered messages settled more than
+// opts.OlderThan ago, and returns how many it deleted. Pending and
+// processing messages are never purged.
+func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, error) {
+	rd, err := o.relayDialect()
+	if err != nil {
+		return 0, err
+	}
+	if opts.OlderThan < 0 {
+		return 0, &ConfigError{"OlderThan", "must not be negative"}
+	}
+	states := opts.States
+	if len(states) == 0 {
+		states = []State{StateDead, StateDelivered}
+	}
+	for _, s := range states {
+		if s != StateDead && s != StateDelivered {
+			return 0, &ConfigError{"States", fmt.Sprintf("%q is not a terminal state (dead, delivered)", s)}
+		}
+	}
+	n, err := rd.Purge(ctx, db, o.table, states, opts.OlderThan)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	return n, nil
+}
+
+// Redrive makes dead messages pending again, due now, with their attempts
+// reset to zero: of one topic, or of all topics when topic is "". It
+// returns how many it revived.
+func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error) {
+	rd, err := o.relayDialect()
+	if err != nil {
+		return 0, err
+	}
+	n, err := rd.Redrive(ctx, db, o.table, topic)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: redrive: %w", err)
+	}
+	return n, nil
+}
+
+// Stats returns, per topic, the messages in each state and the age of the
+// oldest due pending message, for dashboards and alerts. It scans the table.
+func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
+	rd, err := o.relayDialect()
+	if err != nil {
+		return nil, err
+	}
+	s, err := rd.Stats(ctx, db, o.table)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: stats: %w", err)
+	}
+	return s, nil
+}

@@ -1,0 +1,694 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oncommit/oncommit/internal/backoff"
+)
+
+// Defaults for [RelayConfig].
+const (
+	DefaultPollInterval   = time.Second
+	DefaultBatchSize      = 100
+	DefaultLease          = 30 * time.Second
+	DefaultConcurrency    = 32
+	DefaultMaxAttempts    = 10
+	DefaultRetryBase      = time.Second
+	DefaultRetryCap       = 10 * time.Minute
+	DefaultRetryJitter    = 1.0
+	DefaultCommandTimeout = 30 * time.Second
+	DefaultShutdownGrace  = 10 * time.Second
+	DefaultJanitorEvery   = time.Minute
+)
+
+// Forever, as RelayConfig.KeepDelivered, keeps delivered messages until they
+// are purged by hand.
+const Forever time.Duration = math.MaxInt64
+
+// Errors of the relay.
+var (
+	// ErrNoHandlers is returned by Run when no handler is registered.
+	ErrNoHandlers = errors.New("outbox: relay has no handlers")
+	// ErrRelayStarted is returned by Handle after Run has started, and by a
+	// second call to Run.
+	ErrRelayStarted = errors.New("outbox: relay already started")
+	// ErrDuplicateHandler is returned by Handle for a topic that already
+	// has a handler.
+	ErrDuplicateHandler = errors.New("outbox: topic already has a handler")
+	// ErrNoRelay is returned by [Outbox.Relay] when the dialect cannot relay.
+	ErrNoRelay = errors.New("outbox: dialect has no relay support")
+)
+
+// RelayConfig configures a [Relay]. The zero value works.
+type RelayConfig struct {
+	// PollInterval is how often the relay looks for due messages when
+	// nothing wakes it sooner. Polling is the source of truth; NOTIFY only
+	// makes delivery faster. Defaults to DefaultPollInterval (1s).
+	PollInterval time.Duration
+
+	// BatchSize is the most messages one claim takes. Defaults to
+	// DefaultBatchSize (100).
+	BatchSize int
+
+	// Lease is how long a claimed message stays invisible to other relays.
+	// While its handler runs, the relay renews the lease every Lease/3, so
+	// only a relay that stops (crash, partition) loses it. Defaults to
+	// DefaultLease (30s).
+	Lease time.Duration
+
+	// DisableLeaseRenewal stops the renewals: a handler running longer than
+	// Lease is then delivered again by another claim. Defaults to false.
+	DisableLeaseRenewal bool
+
+	// Concurrency is the most handlers running at once. Defaults to
+	// DefaultConcurrency (32).
+	Concurrency int
+
+	// MaxAttempts is the number of attempts after which a failing message is
+	// dead-lettered (attempts count claims, so a crash counts). Defaults to
+	// DefaultMaxAttempts (10).
+	MaxAttempts int
+
+	// RetryBase and RetryCap shape the backoff after a failure: attempt n
+	// waits min(RetryCap, RetryBase * 2^(n-1)). Default to DefaultRetryBase
+	// (1s) and DefaultRetryCap (10m).
+	RetryBase time.Duration
+	RetryCap  time.Duration
+
+	// RetryJitter is the fraction of each backoff drawn at random, in
+	// [0, 1]: 1 is full jitter, 0 none. Nil means the default; set it with
+	// new(0.5). Defaults to DefaultRetryJitter (1, full jitter).
+	RetryJitter *float64
+
+	// DiscardDead deletes messages instead of dead-lettering them (state
+	// dead). Defaults to false: dead messages stay for inspection and
+	// redrive.
+	DiscardDead bool
+
+	// KeepDelivered keeps delivered messages (state delivered) instead of
+	// deleting them, for this long: a janitor in the relay purges older
+	// ones every JanitorEvery. Forever keeps them until purged by hand.
+	// Defaults to 0: delete on success.
+	KeepDelivered time.Duration
+
+	// JanitorEvery is how often the janitor purges delivered messages older
+	// than KeepDelivered. Defaults to DefaultJanitorEvery (1m).
+	JanitorEvery time.Duration
+
+	// Listen says whether the relay listens for the wake-up notifications
+	// publishes send. NotifyAuto listens when the dialect and the DB adapter
+	// can; NotifyOn makes Relay fail when they cannot; NotifyOff polls only.
+	// Defaults to NotifyAuto.
+	Listen NotifyMode
+
+	// CommandTimeout bounds each statement of the relay (claim, settle,
+	// renew, purge). Defaults to DefaultCommandTimeout (30s).
+	CommandTimeout time.Duration
+
+	// ShutdownGrace is how long Run, once its context ends, lets running
+	// handlers finish before it cancels their contexts. Defaults to
+	// DefaultShutdownGrace (10s).
+	ShutdownGrace time.Duration
+
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// Tracer, when set, is told about each claim and settle.
+	Tracer RelayTracer
+}
+
+// RelayTracer observes a relay. Its methods are called from the relay's
+// goroutines and must not block.
+type RelayTracer interface {
+	// TraceClaim is called after each claim with the rows it took.
+	TraceClaim(ctx context.Context, claimed []Claimed, err error)
+	// TraceSettle is called after each settle statement with the
+	// settlements it wrote and the fences that applied (a settlement whose
+	// fence is missing was fenced off: another claim had taken the row).
+	TraceSettle(ctx context.Context, s []Settlement, applied []Fence, err error)
+}
+
+func (c *RelayConfig) validate(caps Capabilities) error {
+	type check struct {
+		field string
+		bad   bool
+	}
+	for _, ch := range []check{
+		{"PollInterval", c.PollInterval < 0}, {"BatchSize", c.BatchSize < 0}, {"Lease", c.Lease < 0},
+		{"Concurrency", c.Concurrency < 0}, {"MaxAttempts", c.MaxAttempts < 0}, {"RetryBase", c.RetryBase < 0},
+		{"RetryCap", c.RetryCap < 0}, {"KeepDelivered", c.KeepDelivered < 0}, {"JanitorEvery", c.JanitorEvery < 0},
+		{"CommandTimeout", c.CommandTimeout < 0}, {"ShutdownGrace", c.ShutdownGrace < 0},
+	} {
+		if ch.bad {
+			return &ConfigError{ch.field, "must not be negative"}
+		}
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.Lease, DefaultLease)
+	def(&c.RetryBase, DefaultRetryBase)
+	def(&c.RetryCap, DefaultRetryCap)
+	def(&c.JanitorEvery, DefaultJanitorEvery)
+	def(&c.CommandTimeout, DefaultCommandTimeout)
+	def(&c.ShutdownGrace, DefaultShutdownGrace)
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.Lease < time.Second {
+		return &ConfigError{"Lease", "must be at least 1s"}
+	}
+	if c.RetryCap < c.RetryBase {
+		return &ConfigError{"RetryCap", "must not be less than RetryBase"}
+	}
+	if c.RetryJitter != nil && !(*c.RetryJitter >= 0 && *c.RetryJitter <= 1) {
+		return &ConfigError{"RetryJitter", "must be in [0, 1]"}
+	}
+	if caps.MaxParams > 0 && c.BatchSize*4 > caps.MaxParams {
+		return &ConfigError{"BatchSize", fmt.Sprintf("more than the %d parameters one statement allows can hold", caps.MaxParams)}
+	}
+	if c.Listen < NotifyAuto || c.Listen > NotifyOff {
+		return &ConfigError{"Listen", "unknown mode"}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Relay claims due messages and runs their handlers. Build it with
+// [Outbox.Relay], register handlers with [Relay.Handle] or [HandleJSON],
+// then call [Relay.Run]. Every replica may run one: claims never overlap.
+type Relay struct {
+	ob      *Outbox
+	d       RelayDialect
+	db      DB
+	cfg     RelayConfig
+	retry   backoff.Policy
+	log     *slog.Logger
+	listen  Listener // nil when polling only
+	settleP SettleParams
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	topics   []string
+	started  bool
+	inflight map[ID]*inflight
+
+	wake    chan struct{} // a notification, a freed slot, a reconnect
+	results chan Settlement
+	settled chan struct{} // closed when the settler has stopped
+}
+
+type inflight struct {
+	attempts int
+	claimed  time.Time
+	cancel   context.CancelFunc
+}
+
+// Relay returns a relay that delivers this Outbox's messages from db.
+func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
+	rd, ok := o.d.(RelayDialect)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNoRelay, o.d.Name())
+	}
+	if db == nil {
+		return nil, &ConfigError{"DB", "must not be nil"}
+	}
+	if err := cfg.validate(o.caps); err != nil {
+		return nil, err
+	}
+	jitter := DefaultRetryJitter
+	if cfg.RetryJitter != nil {
+		jitter = *cfg.RetryJitter
+	}
+	r := &Relay{
+		ob: o, d: rd, db: db, cfg: cfg, log: cfg.Logger,
+		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
+		settleP:  SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
+		handlers: map[string]Handler{},
+		inflight: map[ID]*inflight{},
+		wake:     make(chan struct{}, 1),
+	}
+	if cfg.Listen != NotifyOff {
+		l, ok := db.(Listener)
+		sql := rd.ListenSQL(o.table)
+		switch {
+		case ok && sql != "":
+			r.listen = l
+		case cfg.Listen == NotifyOn:
+			return nil, fmt.Errorf("%w: cannot listen for notifications with this dialect and DB (RelayConfig.Listen is NotifyOn)", ErrUnsupported)
+		}
+	}
+	return r, nil
+}
+
+// Handle registers h for topic. Each topic has at most one handler; only
+// topics with a handler are claimed, so messages of other topics wait
+// (which keeps rolling deploys safe). Register before Run.
+func (r *Relay) Handle(topic string, h Handler) error {
+	if err := checkText(0, "Topic", topic, MaxTopicBytes, true); err != nil {
+		return &ConfigError{"topic", err.(*MessageError).Reason}
+	}
+	if h == nil {
+		return &ConfigError{"handler", "must not be nil"}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return ErrRelayStarted
+	}
+	if _, dup := r.handlers[topic]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateHandler, topic)
+	}
+	r.handlers[topic] = h
+	r.topics = append(r.topics, topic)
+	sort.Strings(r.topics)
+	return nil
+}
+
+// Run claims and handles messages until ctx ends, then stops claiming, lets
+// running handlers finish within RelayConfig.ShutdownGrace, cancels the rest
+// (their leases lapse and another claim delivers them again), writes the
+// outcomes it has and returns nil. Errors talking to the database are
+// logged and retried with backoff, never returned. Run returns an error
+// only when it cannot start: no handlers, or already started.
+func (r *Relay) Run(ctx context.Context) error {
+	r.mu.Lock()
+	if r.started {
+		r.mu.Unlock()
+		return ErrRelayStarted
+	}
+	if len(r.handlers) == 0 {
+		r.mu.Unlock()
+		return ErrNoHandlers
+	}
+	r.started = true
+	r.results = make(chan Settlement, 2*r.cfg.Concurrency)
+	r.settled = make(chan struct{})
+	r.mu.Unlock()
+
+	// handlersCtx outlives ctx by the grace period.
+	handlersCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+	bg, stopBG := context.WithCancel(ctx)
+	var bgWG sync.WaitGroup
+	startBG := func(f func(context.Context)) {
+		bgWG.Add(1)
+		go func() { defer bgWG.Done(); f(bg) }()
+	}
+	if r.listen != nil {
+		startBG(r.listenLoop)
+	}
+	if !r.cfg.DisableLeaseRenewal {
+		startBG(r.renewLoop)
+	}
+	if r.cfg.KeepDelivered > 0 && r.cfg.KeepDelivered != Forever {
+		startBG(r.janitorLoop)
+	}
+	stopSettler := make(chan struct{})
+	go r.settleLoop(context.WithoutCancel(ctx), stopSettler)
+
+	var workers sync.WaitGroup
+	r.claimLoop(ctx, handlersCtx, &workers)
+
+	// Shutdown: wait for the running handlers within the grace period.
+	drained := make(chan struct{})
+	go func() { workers.Wait(); close(drained) }()
+	grace := time.NewTimer(r.cfg.ShutdownGrace)
+	select {
+	case <-drained:
+		grace.Stop()
+	case <-grace.C:
+		r.log.Warn("outbox: shutdown grace period over; cancelling running handlers", "grace", r.cfg.ShutdownGrace)
+		cancelHandlers()
+		// Give cancelled handlers a moment to return and report.
+		select {
+		case <-drained:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	stopBG()
+	bgWG.Wait()
+	close(stopSettler)
+	<-r.settled
+	return nil
+}
+
+// claimLoop claims and dispatches until ctx ends.
+func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
+	sem := make(chan struct{}, r.cfg.Concurrency)
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	failures := 0
+	full := false // the last claim filled its limit: more may be due
+	for {
+		if !full {
+			select {
+			case <-ctx.Done():
+				return
+			case <-poll.C:
+			case <-r.wake:
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		free := cap(sem) - len(sem)
+		if free == 0 {
+			// Wait for a slot; a finishing handler signals wake.
+			full = false
+			resetTimer(poll, r.cfg.PollInterval)
+			continue
+		}
+		limit := min(free, r.cfg.BatchSize)
+		claimed, err := r.claim(ctx, limit)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			wait := backoff.Policy{Base: 100 * time.Millisecond, Cap: max(r.cfg.PollInterval, 10*time.Second), Jitter: 0.5}.Delay(failures)
+			r.log.Error("outbox: claim failed", "err", err, "retry_in", wait, "failures", failures)
+			full = false
+			resetTimer(poll, wait)
+			continue
+		}
+		failures = 0
+		for _, c := range claimed {
+			if c.Dead {
+				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts)
+				if r.cfg.DiscardDead {
+					r.send(Settlement{Fence: Fence{c.ID, c.Attempts}, Kind: SettleDead, Error: "max attempts reached"})
+				}
+				continue
+			}
+			sem <- struct{}{}
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				r.deliver(handlersCtx, c)
+				<-sem
+				r.signal()
+			}()
+		}
+		full = len(claimed) == limit
+		if !full {
+			resetTimer(poll, r.cfg.PollInterval)
+		}
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	select {
+	case <-t.C:
+	default:
+	}
+	t.Reset(d)
+}
+
+// signal wakes the claim loop without blocking.
+func (r *Relay) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	claimed, err := r.d.Claim(ctx, r.db, r.ob.table, ClaimParams{
+		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
+	})
+	if err != nil {
+		err = wrapCtx(ctx, fmt.Errorf("outbox: claim: %w", err))
+	}
+	if r.cfg.Tracer != nil {
+		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
+	}
+	return claimed, err
+}
+
+// wrapCtx makes err wrap the context's error when the context ended, so
+// callers can test errors.Is(err, context.DeadlineExceeded).
+func wrapCtx(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", cerr, err)
+	}
+	return err
+}
+
+// deliver runs the handler of one claimed message and queues its outcome.
+func (r *Relay) deliver(ctx context.Context, c Claimed) {
+	r.mu.Lock()
+	h := r.handlers[c.Topic]
+	hctx, cancel := context.WithCancel(ctx)
+	r.inflight[c.ID] = &inflight{attempts: c.Attempts, claimed: time.Now(), cancel: cancel}
+	r.mu.Unlock()
+	defer func() {
+		cancel()
+		r.mu.Lock()
+		delete(r.inflight, c.ID)
+		r.mu.Unlock()
+	}()
+
+	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts, CreatedAt: c.CreatedAt}
+	var err error
+	if len(c.Headers) > 0 {
+		if jerr := json.Unmarshal(c.Headers, &d.Headers); jerr != nil {
+			err = Cancel(fmt.Errorf("invalid headers: %w", jerr))
+		}
+	}
+	if err == nil {
+		err = r.call(hctx, h, d)
+	}
+	r.send(r.outcome(c, err))
+}
+
+// call runs h, turning a panic into an error.
+func (r *Relay) call(ctx context.Context, h Handler, d Delivery) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("outbox: handler panicked", "id", d.ID, "topic", d.Topic, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return h(ctx, d)
+}
+
+// outcome maps a handler's result to a settlement.
+func (r *Relay) outcome(c Claimed, err error) Settlement {
+	s := Settlement{Fence: Fence{c.ID, c.Attempts}}
+	var retry *RetryError
+	var cancel *CancelError
+	switch {
+	case err == nil:
+		s.Kind = SettleDone
+		return s
+	case errors.As(err, &cancel):
+		s.Kind, s.Error = SettleDead, cleanError(err)
+		r.log.Warn("outbox: message cancelled; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "err", err)
+		return s
+	}
+	s.Error = cleanError(err)
+	if c.Attempts >= r.cfg.MaxAttempts {
+		s.Kind = SettleDead
+		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "err", err)
+		return s
+	}
+	s.Kind = SettleRetry
+	if errors.As(err, &retry) {
+		s.Delay, s.At = retry.After, retry.At
+	} else {
+		s.Delay = r.retry.Delay(c.Attempts)
+	}
+	r.log.Info("outbox: handler failed; retrying", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "retry_in", s.Delay, "err", err)
+	return s
+}
+
+// maxErrorBytes bounds the last_error recorded for a message.
+const maxErrorBytes = 4096
+
+// cleanError makes err's text storable in a text column: valid UTF-8, no
+// NUL, at most maxErrorBytes.
+func cleanError(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if len(s) > maxErrorBytes {
+		s = strings.ToValidUTF8(s[:maxErrorBytes], "")
+	}
+	return s
+}
+
+// send queues a settlement unless the settler has stopped (a handler that
+// finished after Run returned: its lease lapses and it is delivered again).
+func (r *Relay) send(s Settlement) {
+	select {
+	case r.results <- s:
+	case <-r.settled:
+		r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
+	}
+}
+
+// settleLoop writes outcomes in batches: it blocks for one, then takes all
+// that are waiting (up to 1000), and writes them with one statement per kind.
+func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
+	defer close(r.settled)
+	batch := make([]Settlement, 0, 64)
+	for {
+		select {
+		case s := <-r.results:
+			batch = append(batch[:0], s)
+		case <-stop:
+			batch = batch[:0]
+			for len(r.results) > 0 {
+				batch = append(batch, <-r.results)
+			}
+			if len(batch) > 0 {
+				r.settle(ctx, batch)
+			}
+			return
+		}
+	more:
+		for len(batch) < 1000 {
+			select {
+			case s := <-r.results:
+				batch = append(batch, s)
+			default:
+				break more
+			}
+		}
+		r.settle(ctx, batch)
+	}
+}
+
+func (r *Relay) settle(ctx context.Context, batch []Settlement) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	applied, err := r.d.Settle(ctx, r.db, r.ob.table, r.settleP, batch)
+	if err != nil {
+		err = wrapCtx(ctx, err)
+		r.log.Error("outbox: settle failed; the messages will be delivered again after their lease", "err", err, "count", len(batch))
+	} else if len(applied) < len(batch) {
+		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", len(batch)-len(applied))
+	}
+	if r.cfg.Tracer != nil {
+		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)
+	}
+}
+
+// renewLoop extends the leases of handlers that have run for a third of
+// the lease, every third of the lease.
+func (r *Relay) renewLoop(ctx context.Context) {
+	every := r.cfg.Lease / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var held []Fence
+		cutoff := time.Now().Add(-every)
+		r.mu.Lock()
+		for id, f := range r.inflight {
+			if f.claimed.Before(cutoff) {
+				held = append(held, Fence{id, f.attempts})
+			}
+		}
+		r.mu.Unlock()
+		if len(held) == 0 {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+		kept, err := r.d.Renew(rctx, r.db, r.ob.table, r.cfg.Lease, held)
+		cancel()
+		if err != nil {
+			r.log.Error("outbox: lease renewal failed", "err", wrapCtx(rctx, err), "count", len(held))
+			continue
+		}
+		if len(kept) < len(held) {
+			still := make(map[Fence]bool, len(kept))
+			for _, f := range kept {
+				still[f] = true
+			}
+			for _, f := range held {
+				if !still[f] {
+					r.log.Warn("outbox: lease lost: the message was claimed again; its outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
+				}
+			}
+		}
+	}
+}
+
+// listenLoop keeps a listener running, reconnecting with backoff.
+func (r *Relay) listenLoop(ctx context.Context) {
+	sql := r.d.ListenSQL(r.ob.table)
+	failures := 0
+	for {
+		start := time.Now()
+		err := r.listen.ListenDB(ctx, sql, r.signal)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			failures = 0
+		}
+		failures++
+		wait := backoff.Policy{Base: 100 * time.Millisecond, Cap: 30 * time.Second, Jitter: 0.5}.Delay(failures)
+		if errors.Is(err, ErrUnsupported) {
+			r.log.Warn("outbox: this DB cannot listen for notifications; polling only", "err", err)
+			return
+		}
+		r.log.Warn("outbox: listener lost; reconnecting", "err", err, "retry_in", wait)
+		r.signal() // poll now: notifications may have been missed
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// janitorLoop purges delivered messages older than KeepDelivered.
+func (r *Relay) janitorLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.JanitorEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		jctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+		n, err := r.d.Purge(jctx, r.db, r.ob.table, []State{StateDelivered}, r.cfg.KeepDelivered)
+		cancel()
+		if err != nil {
+			r.log.Error("outbox: purging delivered messages failed", "err", err)
+		} else if n > 0 {
+			r.log.Debug("outbox: purged delivered messages", "count", n)
+		}
+	}
+}
