@@ -1,0 +1,583 @@
+package outbox_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// traceRecorder records claims and settles.
+type traceRecorder struct {
+	mu       sync.Mutex
+	claimed  map[outbox.Fence]int
+	claimErr []error
+	settled  []outbox.Settlement
+	applied  map[outbox.Fence]bool
+}
+
+func newTrace() *traceRecorder {
+	return &traceRecorder{claimed: map[outbox.Fence]int{}, applied: map[outbox.Fence]bool{}}
+}
+
+func (tr *traceRecorder) TraceClaim(_ context.Context, cs []outbox.Claimed, err error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, c := range cs {
+		tr.claimed[outbox.Fence{ID: c.ID, Attempts: c.Attempts}]++
+	}
+	if err != nil {
+		tr.claimErr = append(tr.claimErr, err)
+	}
+}
+
+func (tr *traceRecorder) TraceSettle(_ context.Context, s []outbox.Settlement, applied []outbox.Fence, _ error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.settled = append(tr.settled, s...)
+	for _, f := range applied {
+		tr.applied[f] = true
+	}
+}
+
+// settleOf returns whether a settle for f was written and whether it applied.
+func (tr *traceRecorder) settleOf(f outbox.Fence) (written, applied bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, s := range tr.settled {
+		if s.Fence == f {
+			written = true
+		}
+	}
+	return written, tr.applied[f]
+}
+
+// TestFencing: a handler outliving its lease (renewal off) is delivered
+// again once, and the stale relay's settle changes no row; with renewal on,
+// it is delivered once.
+func TestFencing(t *testing.T) {
+	for _, renew := range []bool{false, true} {
+		t.Run(fmt.Sprint("renew=", renew), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, outbox.Config{})
+			tr := newTrace()
+			r := newRelay(t, e, outbox.RelayConfig{Lease: time.Second, DisableLeaseRenewal: !renew, Concurrency: 4, Tracer: tr})
+			rec := newRecorder()
+			r.Handle("slow", func(ctx context.Context, d outbox.Delivery) error {
+				rec.add(d)
+				if d.Attempt == 1 {
+					time.Sleep(2500 * time.Millisecond) // 2.5 leases
+				}
+				return nil
+			})
+			ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "slow"})
+			first := outbox.Fence{ID: ids[0], Attempts: 1}
+			start(t, r)
+			eventually(t, 15*time.Second, "first attempt settled", func() bool { w, _ := tr.settleOf(first); return w })
+			eventually(t, 10*time.Second, "row gone", func() bool { return count(t, e.table, "") == 0 })
+			_, applied := tr.settleOf(first)
+			a := rec.attempts(ids[0])
+			if renew {
+				if len(a) != 1 || !applied {
+					t.Errorf("with renewal: attempts %v, first settle applied %v; want one delivery that settles", a, applied)
+				}
+				return
+			}
+			if len(a) != 2 || a[1] != 2 {
+				t.Errorf("without renewal: attempts %v, want [1 2]", a)
+			}
+			if applied {
+				t.Error("the stale relay's settle applied; it must change 0 rows")
+			}
+			if _, ok := tr.settleOf(outbox.Fence{ID: ids[0], Attempts: 2}); !ok {
+				t.Error("the reclaiming delivery's settle did not apply")
+			}
+		})
+	}
+}
+
+// staleStats empties the statistics: ANALYZE on an empty table, autovacuum
+// off, then rows added, so the planner believes the table is empty.
+func staleStats(t *testing.T, e *env, n int, topic string) {
+	t.Helper()
+	admin := pgtest.Admin(t)
+	for _, q := range []string{
+		`ALTER TABLE ` + e.table + ` SET (autovacuum_enabled = false)`,
+		`ANALYZE ` + e.table,
+		fmt.Sprintf(`INSERT INTO %s (id, topic) SELECT gen_random_uuid(), $1 FROM generate_series(1, %d)`, e.table, n),
+	} {
+		if _, err := admin.Exec(q, argsFor(q, topic)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func argsFor(q, topic string) []any {
+	if strings.Contains(q, "$1") {
+		return []any{topic}
+	}
+	return nil
+}
+
+// genericPool is a pgx pool whose sessions use generic plans for prepared
+// statements (plan_cache_mode = force_generic_plan).
+func genericPool(t *testing.T, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	cfg.MaxConns = maxConns
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// TestClaimNeverExceedsLimit: under stale statistics and generic plans,
+// with eight claimers at once, every claim takes at most its limit, the
+// claims are disjoint, and rows marked processing equal rows returned.
+func TestClaimNeverExceedsLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	staleStats(t, e, 2000, "t")
+	d := postgres.Dialect().(outbox.RelayDialect)
+	db := pgxtx.Pool(genericPool(t, 8))
+	var mu sync.Mutex
+	seen := map[outbox.ID]bool{}
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 12 { // more executions than the generic-plan switch needs
+				limit := 1 + (w+i)%17
+				cs, err := d.Claim(context.Background(), db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(cs) > limit {
+					t.Errorf("claim with limit %d took %d rows", limit, len(cs))
+				}
+				mu.Lock()
+				for _, c := range cs {
+					if seen[c.ID] {
+						t.Errorf("row %s claimed twice", c.ID)
+					}
+					seen[c.ID] = true
+				}
+				mu.Unlock()
+				total.Add(int64(len(cs)))
+			}
+		}()
+	}
+	wg.Wait()
+	if n := count(t, e.table, `state = 'processing'`); int64(n) != total.Load() {
+		t.Errorf("%d rows processing, claims returned %d", n, total.Load())
+	}
+	var plan string
+	if err := pgtest.Admin(t).QueryRow(`SELECT reltuples::bigint::text FROM pg_class WHERE oid = $1::regclass`, e.table).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if plan != "0" && plan != "-1" {
+		t.Errorf("statistics not stale: reltuples %s", plan)
+	}
+}
+
+// TestFourRelays: four relays (separate pools, as separate replicas) on
+// 20,000 messages never hold the same (id, attempts) twice and deliver
+// every message.
+func TestFourRelays(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	const n = 20000
+	publishN(t, e, pool(t), n, outbox.Message{Topic: "t", Payload: []byte(`{"k":1}`)})
+	tr := newTrace()
+	rec := newRecorder()
+	for range 4 {
+		r, err := e.ob.Relay(pgxtx.Pool(pgtest.Pool(t)), fast(outbox.RelayConfig{Tracer: tr, Concurrency: 64}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+		start(t, r)
+	}
+	eventually(t, 120*time.Second, "all delivered and settled", func() bool { return count(t, e.table, "") == 0 })
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for f, k := range tr.claimed {
+		if k != 1 {
+			t.Errorf("(%s, %d) claimed %d times", f.ID, f.Attempts, k)
+		}
+	}
+	if len(tr.claimed) != n || rec.count() != n {
+		t.Errorf("%d claims, %d deliveries, want %d each", len(tr.claimed), rec.count(), n)
+	}
+}
+
+// TestPlansUseIndexes: at 200,000 rows the claim, the settles and the
+// purge use the indexes; no sequential scan of the table.
+func TestPlansUseIndexes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	admin := pgtest.Admin(t)
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, state, available_at, settled_at)
+		SELECT gen_random_uuid(), 't' || (g % 10), (ARRAY['pending','processing','delivered','dead'])[1 + g % 4],
+		       now() - make_interval(secs => g), CASE WHEN g % 4 >= 2 THEN now() - make_interval(secs => g) END
+		FROM generate_series(1, 200000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`ANALYZE ` + e.table); err != nil {
+		t.Fatal(err)
+	}
+	explain := func(q string, args ...any) string {
+		rows, err := admin.Query(`EXPLAIN `+q, args...)
+		if err != nil {
+			t.Fatalf("explain: %v\n%s", err, q)
+		}
+		defer rows.Close()
+		var b strings.Builder
+		for rows.Next() {
+			var line string
+			rows.Scan(&line)
+			b.WriteString(line + "\n")
+		}
+		return b.String()
+	}
+	id := outbox.NewID().String()
+	for name, plan := range map[string]string{
+		"claim":  explain(postgres.ClaimSQL(e.ob.Table()), `{"t1"}`, 100, 30.0, 10),
+		"settle": explain(`DELETE FROM `+e.table+` AS o USING (VALUES ($1::uuid, $2::integer)) AS v(id, attempts) WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`, id, 1),
+		"purge":  explain(`DELETE FROM `+e.table+` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
+	} {
+		if strings.Contains(plan, "Seq Scan on outbox") {
+			t.Errorf("%s plan scans the table:\n%s", name, plan)
+		}
+		if !strings.Contains(plan, "Index") {
+			t.Errorf("%s plan uses no index:\n%s", name, plan)
+		}
+		t.Logf("%s:\n%s", name, plan)
+	}
+}
+
+// TestLeaseReclaim: a claim whose relay died (never settles) comes back
+// when its lease lapses, as the next attempt.
+func TestLeaseReclaim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
+	d := postgres.Dialect().(outbox.RelayDialect)
+	cs, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("claim: %v %v", cs, err)
+	}
+	r := newRelay(t, e, outbox.RelayConfig{})
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	begin := time.Now()
+	start(t, r)
+	eventually(t, 10*time.Second, "reclaimed", func() bool { return rec.count() == 1 })
+	if took := time.Since(begin); took < 500*time.Millisecond {
+		t.Errorf("reclaimed after %v: before the lease lapsed", took)
+	}
+	if a := rec.attempts(ids[0]); a[0] != 2 {
+		t.Errorf("attempt %v, want 2", a)
+	}
+}
+
+// TestDedupDeliveredOnce: one dedup key published by two transactions is
+// delivered once.
+func TestDedupDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	p := pool(t)
+	publishN(t, e, p, 1, outbox.Message{Topic: "t", DedupKey: "once"})
+	publishN(t, e, p, 1, outbox.Message{Topic: "t", DedupKey: "once"})
+	r := newRelay(t, e, outbox.RelayConfig{})
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	start(t, r)
+	eventually(t, 10*time.Second, "delivered", func() bool { return count(t, e.table, "") == 0 })
+	time.Sleep(200 * time.Millisecond)
+	if n := rec.count(); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
+}
+
+// TestKeepDeliveredAndPurge: kept delivered rows are purged by the janitor
+// after their retention, dead rows are not; Purge by state and age; Stats.
+func TestKeepDeliveredAndPurge(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	r := newRelay(t, e, outbox.RelayConfig{KeepDelivered: 1500 * time.Millisecond, JanitorEvery: 100 * time.Millisecond})
+	r.Handle("ok", func(ctx context.Context, d outbox.Delivery) error { return nil })
+	r.Handle("bad", func(ctx context.Context, d outbox.Delivery) error { return outbox.Cancel(errors.New("no")) })
+	p := pool(t)
+	publishN(t, e, p, 3, outbox.Message{Topic: "ok"})
+	publishN(t, e, p, 2, outbox.Message{Topic: "bad"})
+	publishN(t, e, p, 4, outbox.Message{Topic: "later", Delay: time.Hour})
+	run := start(t, r)
+	eventually(t, 10*time.Second, "kept as delivered", func() bool { return count(t, e.table, `state = 'delivered'`) == 3 })
+	eventually(t, 10*time.Second, "dead", func() bool { return count(t, e.table, `state = 'dead'`) == 2 })
+	db := pgxtx.Pool(p)
+	stats, err := e.ob.Stats(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][4]int64{"ok": {0, 0, 3, 0}, "bad": {0, 0, 0, 2}, "later": {4, 0, 0, 0}}
+	if len(stats) != 3 {
+		t.Errorf("stats %+v", stats)
+	}
+	for _, s := range stats {
+		if w := want[s.Topic]; [4]int64{s.Pending, s.Processing, s.Delivered, s.Dead} != w {
+			t.Errorf("stats %+v, want %v", s, w)
+		}
+		if s.OldestPending != 0 {
+			t.Errorf("%s: oldest due pending %v, want 0 (the pending ones are not due)", s.Topic, s.OldestPending)
+		}
+	}
+	eventually(t, 10*time.Second, "janitor purged delivered", func() bool { return count(t, e.table, `state = 'delivered'`) == 0 })
+	if n := count(t, e.table, `state = 'dead'`); n != 2 {
+		t.Errorf("janitor touched dead rows: %d left", n)
+	}
+	run.stop(t)
+
+	// Purge by state and age.
+	if _, err := pgtest.Admin(t).Exec(`UPDATE ` + e.table + ` SET settled_at = now() - interval '2 hours' WHERE id = (SELECT id FROM ` + e.table + ` WHERE state = 'dead' ORDER BY id LIMIT 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.ob.Purge(context.Background(), db, outbox.PurgeOptions{States: []outbox.State{outbox.StateDelivered}}); err != nil || n != 0 {
+		t.Errorf("purge delivered: %d %v", n, err)
+	}
+	if n, err := e.ob.Purge(context.Background(), db, outbox.PurgeOptions{States: []outbox.State{outbox.StateDead}, OlderThan: time.Hour}); err != nil || n != 1 {
+		t.Errorf("purge dead older than 1h: %d %v, want 1", n, err)
+	}
+	if n, err := e.ob.Purge(context.Background(), db, outbox.PurgeOptions{}); err != nil || n != 1 {
+		t.Errorf("purge all terminal: %d %v, want 1", n, err)
+	}
+	if _, err := e.ob.Purge(context.Background(), db, outbox.PurgeOptions{States: []outbox.State{outbox.StatePending}}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("purging pending: %v", err)
+	}
+	if n := count(t, e.table, ""); n != 4 {
+		t.Errorf("%d rows left, want the 4 pending", n)
+	}
+}
+
+// TestNotifyWakesRelay: with a one-minute poll, a publish is delivered within
+// moments thanks to LISTEN/NOTIFY; after the listener's connection is
+// terminated, the relay reconnects and wake-ups resume.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var logs logBuffer
+	r := newRelay(t, e, outbox.RelayConfig{PollInterval: time.Minute, Logger: logs.logger()})
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	p := pool(t)
+	start(t, r)
+	listening := func() bool {
+		return count(t, "pg_stat_activity", `application_name = 'oncommit-listener' AND query LIKE 'LISTEN%' AND backend_type = 'client backend' AND pid IN (SELECT pid FROM pg_stat_activity WHERE query LIKE '%`+e.schema+`%')`) == 1
+	}
+	eventually(t, 10*time.Second, "listener up", listening)
+	publishN(t, e, p, 1, outbox.Message{Topic: "t"})
+	eventually(t, 5*time.Second, "woken by NOTIFY", func() bool { return rec.count() == 1 })
+
+	if _, err := pgtest.Admin(t).Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'oncommit-listener' AND query LIKE '%` + e.schema + `%'`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "listener lost logged", func() bool { return strings.Contains(logs.String(), "listener lost") })
+	eventually(t, 10*time.Second, "listener back", listening)
+	publishN(t, e, p, 1, outbox.Message{Topic: "t"})
+	eventually(t, 5*time.Second, "woken after reconnect", func() bool { return rec.count() == 2 })
+}
+
+// TestFrozenClaim: with a 500 ms command timeout, a claim on a backend
+// stopped with SIGSTOP fails with an error wrapping
+// context.DeadlineExceeded within timeout + 250 ms; after SIGCONT the relay
+// recovers and delivers everything.
+func TestFrozenClaim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var pid int
+	if err := p.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	tr := &timedTrace{traceRecorder: newTrace()}
+	db := &faultDB{inner: pgxtx.Pool(p), fail: func(q string) error {
+		if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
+			tr.began.Store(time.Now().UnixNano())
+		}
+		return nil
+	}}
+	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{CommandTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond, Tracer: tr, Listen: outbox.NotifyOff}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	publishN(t, e, pool(t), 5, outbox.Message{Topic: "t"})
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("cannot stop backend %d: %v", pid, err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	start(t, r)
+	eventually(t, 5*time.Second, "a failed claim", func() bool { return tr.failed.Load() > 0 })
+	if got := time.Duration(tr.firstFailAfter.Load()); got > 750*time.Millisecond {
+		t.Errorf("claim failed after %v, want at most 750ms", got)
+	}
+	tr.mu.Lock()
+	first := tr.claimErr[0]
+	tr.mu.Unlock()
+	if !errors.Is(first, context.DeadlineExceeded) {
+		t.Errorf("claim error %v does not wrap context.DeadlineExceeded", first)
+	}
+	resume()
+	eventually(t, 20*time.Second, "recovered and delivered", func() bool { return rec.count() == 5 })
+	eventually(t, 10*time.Second, "settled", func() bool { return count(t, e.table, "") == 0 })
+}
+
+// timedTrace measures how long a failed claim took.
+type timedTrace struct {
+	*traceRecorder
+	began          atomic.Int64
+	failed         atomic.Int32
+	firstFailAfter atomic.Int64
+}
+
+func (tt *timedTrace) TraceClaim(ctx context.Context, cs []outbox.Claimed, err error) {
+	if err != nil && tt.failed.Add(1) == 1 {
+		tt.firstFailAfter.Store(time.Now().UnixNano() - tt.began.Load())
+	}
+	tt.traceRecorder.TraceClaim(ctx, cs, err)
+}
+
+// TestPoisonMessageKillsProcess: a message whose handler kills its relay
+// process every time runs exactly MaxAttempts times, then is dead-lettered at
+// claim without running again. The relay runs as a child process
+// (TestHelperRelay) that is SIGKILLed from its handler's START line.
+func TestPoisonMessageKillsProcess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "poison"})
+	const maxAttempts = 3
+	child := func() (*exec.Cmd, *bufio.Scanner) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRelay$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "OUTBOX_HELPER_RELAY=1", "OUTBOX_HELPER_URL="+pgtest.URL(t),
+			"OUTBOX_HELPER_TABLE="+e.table, fmt.Sprint("OUTBOX_HELPER_MAX_ATTEMPTS=", maxAttempts))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, bufio.NewScanner(out)
+	}
+	runs := 0
+	for attempt := 1; attempt <= maxAttempts; attempt++ {
+		cmd, out := child()
+		line := ""
+		for out.Scan() {
+			if line = out.Text(); strings.HasPrefix(line, "START ") {
+				break
+			}
+		}
+		want := fmt.Sprintf("START %s %d", ids[0], attempt)
+		if line != want {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("child printed %q, want %q", line, want)
+		}
+		runs++
+		cmd.Process.Signal(syscall.SIGKILL) // killed mid-handler
+		cmd.Wait()
+	}
+	// One more relay process: the claim dead-letters the message before
+	// any handler runs.
+	cmd, out := child()
+	lines := make(chan string, 16)
+	go func() {
+		for out.Scan() {
+			lines <- out.Text()
+		}
+		close(lines)
+	}()
+	eventually(t, 15*time.Second, "dead-lettered at claim", func() bool { s, _, _ := rowState(t, e, ids[0]); return s == "dead" })
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	for l := range lines {
+		if strings.HasPrefix(l, "START ") {
+			t.Errorf("handler ran again after max attempts: %s", l)
+		}
+	}
+	if _, attempts, lastErr := rowState(t, e, ids[0]); attempts != maxAttempts || !strings.Contains(lastErr, "max attempts") {
+		t.Errorf("dead row: attempts %d, last error %q", attempts, lastErr)
+	}
+	if runs != maxAttempts {
+		t.Errorf("handler ran %d times, want %d", runs, maxAttempts)
+	}
+}
+
+// TestHelperRelay is the child process of TestPoisonMessageKillsProcess: a
+// relay whose handler prints START <id> <attempt> and blocks.
+func TestHelperRelay(t *testing.T) {
+	if os.Getenv("OUTBOX_HELPER_RELAY") != "1" {
+		return // not a child process: nothing to do
+	}
+	var maxAttempts int
+	fmt.Sscan(os.Getenv("OUTBOX_HELPER_MAX_ATTEMPTS"), &maxAttempts)
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: os.Getenv("OUTBOX_HELPER_TABLE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgxpool.New(context.Background(), os.Getenv("OUTBOX_HELPER_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ob.Relay(pgxtx.Pool(p), outbox.RelayConfig{Lease: time.Second, PollInterval: 50 * time.Millisecond, MaxAttempts: maxAttempts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Handle("poison", func(ctx context.Context, d outbox.Delivery) error {
+		fmt.Printf("START %s %d\n", d.ID, d.Attempt)
+		os.Stdout.Sync()
+		select {} // until killed
+	})
+	r.Run(context.Background())
+}

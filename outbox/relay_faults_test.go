@@ -1,0 +1,171 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/outbox"
+	"go.uber.org/goleak"
+)
+
+// faultDB wraps a DB and fails the statements fail picks.
+type faultDB struct {
+	inner  outbox.DB
+	fail   func(query string) error
+	listen func(ctx context.Context, sql string, wake func()) error // nil: no listener
+	claims atomic.Int32
+}
+
+func (f *faultDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+	if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
+		f.claims.Add(1)
+	}
+	if f.fail != nil {
+		if err := f.fail(q); err != nil {
+			return nil, err
+		}
+	}
+	return f.inner.QueryDB(ctx, q, args...)
+}
+
+// listeningFaultDB is a faultDB that is also a Listener.
+type listeningFaultDB struct{ *faultDB }
+
+func (f listeningFaultDB) ListenDB(ctx context.Context, sql string, wake func()) error {
+	return f.listen(ctx, sql, wake)
+}
+
+// TestSurvivesClaimErrors: failing claims are logged and retried with
+// backoff (no busy loop); delivery resumes when the database heals.
+func TestSurvivesClaimErrors(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var broken atomic.Bool
+	broken.Store(true)
+	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+		if broken.Load() && strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
+			return errors.New("injected claim failure")
+		}
+		return nil
+	}}
+	var logs logBuffer
+	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Logger: logs.logger(), Listen: outbox.NotifyOff}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	publishN(t, e, pool(t), 3, outbox.Message{Topic: "t"})
+	start(t, r)
+	time.Sleep(time.Second)
+	// With a 10 ms poll a busy loop would claim ~100 times in a second;
+	// the backoff (100 ms doubling) allows about 4.
+	if n := db.claims.Load(); n > 10 || n < 2 {
+		t.Errorf("%d claim attempts in 1s while failing, want a few (backoff)", n)
+	}
+	if !strings.Contains(logs.String(), "claim failed") {
+		t.Error("claim failure not logged")
+	}
+	broken.Store(false)
+	eventually(t, 30*time.Second, "delivered after healing", func() bool { return rec.count() == 3 })
+}
+
+// TestSettleFailureLoggedNotFatal: a failing settle is logged, the relay
+// keeps going, and the message comes back after its lease.
+func TestSettleFailureLoggedNotFatal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var failSettles atomic.Int32
+	failSettles.Store(1)
+	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+		if strings.HasPrefix(q, "DELETE") && failSettles.Add(-1) >= 0 {
+			return errors.New("injected settle failure")
+		}
+		return nil
+	}}
+	var logs logBuffer
+	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{Lease: time.Second, Logger: logs.logger()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
+	start(t, r)
+	eventually(t, 10*time.Second, "settled after lease", func() bool { return count(t, e.table, "") == 0 })
+	if a := rec.attempts(ids[0]); len(a) != 2 || a[1] != 2 {
+		t.Errorf("attempts %v, want [1 2]: redelivered once after the failed settle", a)
+	}
+	if !strings.Contains(logs.String(), "settle failed") {
+		t.Error("settle failure not logged")
+	}
+}
+
+// TestPollsWhenListenerDown: a listener that keeps failing is retried with
+// backoff, and polling still delivers.
+func TestPollsWhenListenerDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var listens atomic.Int32
+	db := listeningFaultDB{&faultDB{inner: pgxtx.Pool(pool(t)), listen: func(ctx context.Context, sql string, wake func()) error {
+		listens.Add(1)
+		return errors.New("injected listener failure")
+	}}}
+	var logs logBuffer
+	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{PollInterval: 100 * time.Millisecond, Logger: logs.logger()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+	publishN(t, e, pool(t), 5, outbox.Message{Topic: "t"})
+	start(t, r)
+	eventually(t, 10*time.Second, "delivered by polling", func() bool { return rec.count() == 5 })
+	time.Sleep(time.Second)
+	if n := listens.Load(); n > 6 {
+		t.Errorf("%d listener attempts in about a second, want backoff", n)
+	}
+	if !strings.Contains(logs.String(), "listener lost") {
+		t.Error("listener failure not logged")
+	}
+}
+
+// TestNoGoroutineLeaks: after Run returns, nothing the relay started is
+// left running, over many rapid start/stop cycles with work in flight.
+func TestNoGoroutineLeaks(t *testing.T) {
+	e := newEnv(t, outbox.Config{})
+	p := pool(t)
+	db := pgxtx.Pool(p)
+	publishN(t, e, p, 200, outbox.Message{Topic: "t"})
+	// Connections of the pool are shared with the test: take a snapshot
+	// after the pool is warm.
+	opts := goleak.IgnoreCurrent()
+	for i := range 200 {
+		r, err := e.ob.Relay(db, fast(outbox.RelayConfig{Lease: 2 * time.Second, ShutdownGrace: time.Second}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Handle("t", func(ctx context.Context, d outbox.Delivery) error {
+			time.Sleep(time.Millisecond)
+			return nil
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		time.Sleep(time.Duration(i%5) * time.Millisecond)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Reset() // the listener and pool connections end with the pool's
+	if err := goleak.Find(opts, goleak.IgnoreAnyFunction("github.com/jackc/puddle/v2.(*Pool).Acquire.func1"),
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+		t.Error(err)
+	}
+}
