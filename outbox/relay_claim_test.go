@@ -267,7 +267,7 @@ func TestPlansUseIndexes(t *testing.T) {
 	for name, plan := range map[string]string{
 		"claim":  explain(postgres.ClaimSQL(e.ob.Table()), `{"t1"}`, 100, 30.0, 10),
 		"settle": explain(`DELETE FROM `+e.table+` AS o USING (VALUES ($1::uuid, $2::integer)) AS v(id, attempts) WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`, id, 1),
-		"purge":  explain(`DELETE FROM `+e.table+` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
+		"purge":  explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
 	} {
 		if strings.Contains(plan, "Seq Scan on outbox") {
 			t.Errorf("%s plan scans the table:\n%s", name, plan)
