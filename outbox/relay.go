@@ -21,7 +21,7 @@ const (
 	DefaultPollInterval   = time.Second
 	DefaultBatchSize      = 100
 	DefaultLease          = 30 * time.Second
-	DefaultConcurrency    = 32
+	DefaultConcurrency    = 100
 	DefaultMaxAttempts    = 10
 	DefaultRetryBase      = time.Second
 	DefaultRetryCap       = 10 * time.Minute
@@ -70,8 +70,9 @@ type RelayConfig struct {
 	// Lease is then delivered again by another claim. Defaults to false.
 	DisableLeaseRenewal bool
 
-	// Concurrency is the most handlers running at once. Defaults to
-	// DefaultConcurrency (32).
+	// Concurrency is the most handlers running at once. A claim takes at
+	// most the free slots, so Concurrency at or above BatchSize lets claims
+	// be whole batches. Defaults to DefaultConcurrency (100).
 	Concurrency int
 
 	// MaxAttempts is the number of attempts after which a failing message is
@@ -303,7 +304,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrNoHandlers
 	}
 	r.started = true
-	r.results = make(chan Settlement, 2*r.cfg.Concurrency)
+	// Room for many batches of outcomes, so finished handlers rarely wait
+	// for the settler (and keep their slots) while it writes.
+	r.results = make(chan Settlement, max(4*r.cfg.Concurrency, 4*r.cfg.BatchSize, 1024))
 	r.settled = make(chan struct{})
 	r.mu.Unlock()
 
@@ -355,19 +358,32 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // claimLoop claims and dispatches until ctx ends.
+//
+// It claims when the poll timer fires, when a notification arrives, and
+// right after a claim that filled its limit (more may be due). A claim
+// takes at most the free handler slots; after a full claim it waits until
+// at least half a batch of slots is free, so a busy relay claims in
+// batches rather than one row per finished handler.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
 	sem := make(chan struct{}, r.cfg.Concurrency)
+	freed := make(chan struct{}, 1)
+	threshold := max(1, min(r.cfg.BatchSize, r.cfg.Concurrency)/2)
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	failures := 0
 	full := false // the last claim filled its limit: more may be due
 	for {
-		if !full {
+		if !full || cap(sem)-len(sem) < threshold {
 			select {
 			case <-ctx.Done():
 				return
 			case <-poll.C:
+				resetTimer(poll, r.cfg.PollInterval)
 			case <-r.wake:
+			case <-freed:
+				if !full || cap(sem)-len(sem) < threshold {
+					continue
+				}
 			}
 		}
 		if ctx.Err() != nil {
@@ -375,10 +391,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		}
 		free := cap(sem) - len(sem)
 		if free == 0 {
-			// Wait for a slot; a finishing handler signals wake.
-			full = false
-			resetTimer(poll, r.cfg.PollInterval)
-			continue
+			continue // a finishing handler signals freed
 		}
 		limit := min(free, r.cfg.BatchSize)
 		claimed, err := r.claim(ctx, limit)
@@ -408,7 +421,10 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				defer workers.Done()
 				r.deliver(handlersCtx, c)
 				<-sem
-				r.signal()
+				select {
+				case freed <- struct{}{}:
+				default:
+				}
 			}()
 		}
 		full = len(claimed) == limit

@@ -264,9 +264,13 @@ func TestPlansUseIndexes(t *testing.T) {
 		return b.String()
 	}
 	id := outbox.NewID().String()
+	deleteDone, _, retry, markDead, _ := postgres.SettleSQL(e.ob.Table())
 	for name, plan := range map[string]string{
 		"claim":  explain(postgres.ClaimSQL(e.ob.Table()), `{"t1"}`, 100, 30.0, 10),
-		"settle": explain(`DELETE FROM `+e.table+` AS o USING (VALUES ($1::uuid, $2::integer)) AS v(id, attempts) WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`, id, 1),
+		"settle": explain(deleteDone, "{"+id+"}", "{1}"),
+		"retry":  explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
+		"dead":   explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
+		"renew":  explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
 		"purge":  explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
 	} {
 		if strings.Contains(plan, "Seq Scan on outbox") {

@@ -11,34 +11,22 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-// textArray writes ss as a PostgreSQL array literal, passed as one text
-// parameter and cast to text[] in SQL: every driver sends a string, where
-// a Go slice would need driver-specific wrapping (pq.Array).
+// textArray writes ss as a PostgreSQL text[] literal (see arrayLiteral).
 func textArray(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for j := 0; j < len(s); j++ {
-			if s[j] == '"' || s[j] == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteByte(s[j])
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
+	return arrayLiteral(len(ss), func(i int) (string, bool) { return ss[i], true })
 }
 
-// ClaimSQL returns the claim statement for table t. The due rows are chosen
-// in a MATERIALIZED CTE: it is evaluated once, so its LIMIT holds whatever
-// plan PostgreSQL picks; the IN (subquery ... LIMIT) form can be re-executed
-// per outer row under a nested loop and, with SKIP LOCKED, return more rows
-// than the limit.
+// ClaimSQL returns the claim statement for table t.
+//
+// The due rows are chosen in a MATERIALIZED CTE: it is evaluated once, so
+// its LIMIT holds whatever plan PostgreSQL picks; the seed's
+// id IN (subquery ... LIMIT) form can be re-executed per outer row under a
+// nested loop and, with SKIP LOCKED, take more rows than the limit. The
+// UPDATE then finds the chosen rows with id = ANY(ARRAY(SELECT id FROM due)),
+// an index probe of the primary key whatever the planner believes about the
+// limit: with a generic plan (a prepared statement after five runs) it
+// assumes LIMIT $2 keeps 10% of the table, and a join with the CTE then
+// turns into a hash join over a sequential scan of the whole table.
 //
 // $1 topics (text[] literal), $2 limit, $3 lease in seconds, $4 max attempts.
 func ClaimSQL(t outbox.Table) string {
@@ -55,7 +43,7 @@ UPDATE ` + tbl + ` AS o SET
     available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
     settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
     last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
-FROM due WHERE o.id = due.id
+WHERE o.id = ANY (ARRAY(SELECT id FROM due))
 RETURNING o.id::text, o.topic, o.message_key, o.payload::text, o.headers::text, o.attempts, o.state, o.created_at`
 }
 
@@ -82,37 +70,53 @@ func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbo
 	return out, rows.Err()
 }
 
-// fenced runs a statement over a VALUES list of (id, attempts, extra...)
-// rows, returning the (id, attempts) of the rows it changed. head is the
-// statement up to the VALUES list, tail what follows it; extra are the
-// SQL types of the extra columns, and args gives their values per row.
-func fenced(ctx context.Context, db outbox.DB, head, tail string, first []any, fences []outbox.Fence, extra []string, args func(i int) []any) ([]outbox.Fence, error) {
+// arrayLiteral writes a PostgreSQL array literal of n elements; elem gives
+// the text of element i, or ok false for NULL. Passed as one text parameter
+// and cast in SQL, it works with every driver and keeps the statement text
+// constant whatever the batch size, so prepared statements are reused.
+func arrayLiteral(n int, elem func(i int) (string, bool)) string {
 	var b strings.Builder
-	b.WriteString(head)
-	params := append([]any(nil), first...)
-	n := len(params)
-	for i, f := range fences {
+	b.WriteByte('{')
+	for i := range n {
 		if i > 0 {
-			b.WriteString(", ")
+			b.WriteByte(',')
 		}
-		n++
-		b.WriteString("($" + strconv.Itoa(n) + "::uuid, ")
-		n++
-		b.WriteString("$" + strconv.Itoa(n) + "::integer")
-		params = append(params, f.ID.String(), f.Attempts)
-		var more []any
-		if args != nil {
-			more = args(i)
+		s, ok := elem(i)
+		if !ok {
+			b.WriteString("NULL")
+			continue
 		}
-		for j, typ := range extra {
-			n++
-			b.WriteString(", $" + strconv.Itoa(n) + "::" + typ)
-			params = append(params, more[j])
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
 		}
-		b.WriteByte(')')
+		b.WriteByte('"')
 	}
-	b.WriteString(tail)
-	rows, err := db.QueryDB(ctx, b.String(), params...)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// fenceArrays returns the ids and attempts of fences as array literals.
+func fenceArrays(fences []outbox.Fence) (ids, attempts string) {
+	ids = arrayLiteral(len(fences), func(i int) (string, bool) { return fences[i].ID.String(), true })
+	attempts = arrayLiteral(len(fences), func(i int) (string, bool) { return strconv.Itoa(fences[i].Attempts), true })
+	return ids, attempts
+}
+
+// fenceJoin joins the fences, unnested from $1 (ids) and $2 (attempts)
+// as v, to the rows still processing. The join on the primary key finds
+// each row with one index probe (a semi-join against the unnested pairs
+// would compare every pair with every row).
+const fenceJoin = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`
+
+const fenceReturning = ` RETURNING o.id::text, o.attempts`
+
+// fenced runs a fenced statement and returns the fences it changed.
+func fenced(ctx context.Context, db outbox.DB, q string, args ...any) ([]outbox.Fence, error) {
+	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -132,10 +136,25 @@ func fenced(ctx context.Context, db outbox.DB, head, tail string, first []any, f
 	return out, rows.Err()
 }
 
-const fenceJoin = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING o.id::text, o.attempts`
+// SettleSQL returns the fenced settle statements for table t: done (delete
+// or mark delivered), retry, dead (mark or delete). Each takes $1 ids
+// (uuid[] literal) and $2 attempts (integer[] literal); retry also takes
+// $3 delays in seconds, $4 absolute times and $5 errors; dead takes $3 errors.
+func SettleSQL(t outbox.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
+	tbl := QuoteTable(t)
+	const pairs = ` unnest($1::uuid[], $2::integer[]) AS v(id, attempts)`
+	deleteDone = `DELETE FROM ` + tbl + ` AS o USING` + pairs + fenceJoin + fenceReturning
+	markDelivered = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM` + pairs + fenceJoin + fenceReturning
+	retry = `UPDATE ` + tbl + ` AS o SET state = 'pending', last_error = v.err,
+    available_at = CASE WHEN v.at IS NULL THEN now() + make_interval(secs => v.delay) ELSE greatest(now(), v.at) END
+FROM unnest($1::uuid[], $2::integer[], $3::float8[], $4::timestamptz[], $5::text[]) AS v(id, attempts, delay, at, err)` + fenceJoin + fenceReturning
+	markDead = `UPDATE ` + tbl + ` AS o SET state = 'dead', settled_at = now(), last_error = v.err
+FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fenceJoin + fenceReturning
+	deleteDead = `DELETE FROM ` + tbl + ` AS o USING` + pairs + ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state IN ('processing', 'dead')` + fenceReturning
+	return
+}
 
 func (*dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
-	tbl := QuoteTable(t)
 	var done, retry, dead []outbox.Settlement
 	for _, x := range s {
 		switch x.Kind {
@@ -147,50 +166,48 @@ func (*dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outb
 			dead = append(dead, x)
 		}
 	}
-	fences := func(xs []outbox.Settlement) []outbox.Fence {
-		f := make([]outbox.Fence, len(xs))
-		for i := range xs {
-			f[i] = xs[i].Fence
-		}
-		return f
-	}
+	deleteDone, markDelivered, retrySQL, markDead, deleteDead := SettleSQL(t)
 	var applied []outbox.Fence
-	run := func(xs []outbox.Settlement, head, tail string, extra []string, args func(i int) []any) error {
+	run := func(xs []outbox.Settlement, q string, extra ...func(x *outbox.Settlement) (string, bool)) error {
 		if len(xs) == 0 {
 			return nil
 		}
-		got, err := fenced(ctx, db, head, tail, nil, fences(xs), extra, args)
+		fences := make([]outbox.Fence, len(xs))
+		for i := range xs {
+			fences[i] = xs[i].Fence
+		}
+		ids, attempts := fenceArrays(fences)
+		args := []any{ids, attempts}
+		for _, f := range extra {
+			args = append(args, arrayLiteral(len(xs), func(i int) (string, bool) { return f(&xs[i]) }))
+		}
+		got, err := fenced(ctx, db, q, args...)
 		applied = append(applied, got...)
 		return err
 	}
-	var err error
+	errText := func(x *outbox.Settlement) (string, bool) { return x.Error, true }
+	q := deleteDone
 	if p.KeepDelivered {
-		err = run(done, `UPDATE `+tbl+` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM (VALUES `,
-			`) AS v(id, attempts)`+fenceJoin, nil, nil)
-	} else {
-		err = run(done, `DELETE FROM `+tbl+` AS o USING (VALUES `, `) AS v(id, attempts)`+fenceJoin, nil, nil)
+		q = markDelivered
 	}
-	if err != nil {
+	if err := run(done, q); err != nil {
 		return applied, fmt.Errorf("settle done: %w", err)
 	}
-	err = run(retry, `UPDATE `+tbl+` AS o SET state = 'pending', last_error = v.err,
-    available_at = CASE WHEN v.at IS NULL THEN now() + make_interval(secs => v.delay) ELSE greatest(now(), v.at) END
-FROM (VALUES `, `) AS v(id, attempts, delay, at, err)`+fenceJoin, []string{"float8", "timestamptz", "text"}, func(i int) []any {
-		var at any
-		if !retry[i].At.IsZero() {
-			at = retry[i].At.UTC()
-		}
-		return []any{retry[i].Delay.Seconds(), at, retry[i].Error}
-	})
+	err := run(retry, retrySQL,
+		func(x *outbox.Settlement) (string, bool) {
+			return strconv.FormatFloat(x.Delay.Seconds(), 'f', -1, 64), true
+		},
+		func(x *outbox.Settlement) (string, bool) {
+			return x.At.UTC().Format(time.RFC3339Nano), !x.At.IsZero()
+		},
+		errText)
 	if err != nil {
 		return applied, fmt.Errorf("settle retry: %w", err)
 	}
 	if p.DiscardDead {
-		err = run(dead, `DELETE FROM `+tbl+` AS o USING (VALUES `,
-			`) AS v(id, attempts) WHERE o.id = v.id AND o.attempts = v.attempts AND o.state IN ('processing', 'dead') RETURNING o.id::text, o.attempts`, nil, nil)
+		err = run(dead, deleteDead)
 	} else {
-		err = run(dead, `UPDATE `+tbl+` AS o SET state = 'dead', settled_at = now(), last_error = v.err FROM (VALUES `,
-			`) AS v(id, attempts, err)`+fenceJoin, []string{"text"}, func(i int) []any { return []any{dead[i].Error} })
+		err = run(dead, markDead, errText)
 	}
 	if err != nil {
 		return applied, fmt.Errorf("settle dead: %w", err)
@@ -198,9 +215,16 @@ FROM (VALUES `, `) AS v(id, attempts, delay, at, err)`+fenceJoin, []string{"floa
 	return applied, nil
 }
 
+// RenewSQL returns the lease renewal statement: $1 ids and $2 attempts as
+// in SettleSQL, $3 the lease in seconds.
+func RenewSQL(t outbox.Table) string {
+	return `UPDATE ` + QuoteTable(t) + ` AS o SET available_at = now() + make_interval(secs => $3::float8)
+FROM unnest($1::uuid[], $2::integer[]) AS v(id, attempts)` + fenceJoin + fenceReturning
+}
+
 func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return fenced(ctx, db, `UPDATE `+QuoteTable(t)+` AS o SET available_at = now() + make_interval(secs => $1::float8) FROM (VALUES `,
-		`) AS v(id, attempts)`+fenceJoin, []any{lease.Seconds()}, held, nil, nil)
+	ids, attempts := fenceArrays(held)
+	return fenced(ctx, db, RenewSQL(t), ids, attempts, lease.Seconds())
 }
 
 // count runs a statement returning one integer.

@@ -1,0 +1,347 @@
+// Command bench measures the oncommit relay against hand-written SQL on the
+// same PostgreSQL server, in one process, and prints ratios.
+//
+//	cd bench && go run . -rounds 3            # all scenarios
+//	cd bench && go run . -only drain -n 50000
+//
+// Scenarios:
+//
+//   - drain: 50,000 messages drained with a no-op handler by 1 relay and by
+//     4 relays, beside the raw-SQL loop (claim 100 with SKIP LOCKED, delete by
+//     ids) with 1 and 4 workers; rounds are interleaved.
+//   - latency: commit-to-handler latency with NOTIFY, one publish every 5 ms.
+//   - memory: the relay's heap while it drains 10,000 messages from a backlog
+//     of 10k, 100k and 1M rows.
+//
+// The server comes from OUTBOX_TEST_POSTGRES_URL, else the local default.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+var concurrency = 0 // RelayConfig default
+
+var (
+	url    = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	only   = flag.String("only", "", "run only this scenario: drain, latency or memory")
+	rounds = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
+	n      = flag.Int("n", 50000, "messages per drain")
+	quiet  = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+)
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func main() {
+	flag.Parse()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, *url)
+	check(err)
+	defer pool.Close()
+	fmt.Printf("oncommit bench: %s, GOMAXPROCS=%d, %s\n", time.Now().UTC().Format(time.RFC3339), runtime.GOMAXPROCS(0), serverVersion(ctx, pool))
+	if *only == "" || *only == "drain" {
+		drain(ctx, pool)
+	}
+	if *only == "" || *only == "latency" {
+		latency(ctx, pool)
+	}
+	if *only == "" || *only == "memory" {
+		memory(ctx, pool)
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func serverVersion(ctx context.Context, pool *pgxpool.Pool) string {
+	var v string
+	check(pool.QueryRow(ctx, `SHOW server_version`).Scan(&v))
+	return "PostgreSQL " + v
+}
+
+// table creates a fresh outbox table in its own schema and returns its Outbox.
+func table(ctx context.Context, pool *pgxpool.Pool, name string) *outbox.Outbox {
+	schema := "bench_" + name
+	_, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+	check(err)
+	db := openDB(pool)
+	check(postgres.Migrate(ctx, db, schema+".outbox"))
+	db.Close()
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: schema + ".outbox"})
+	check(err)
+	return ob
+}
+
+// fill publishes n messages in transactions of 1,000.
+func fill(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, n int, topic string) {
+	batch := make([]outbox.Message, 1000)
+	for i := range batch {
+		batch[i] = outbox.Message{Topic: topic, Payload: []byte(`{"order_id":"0193a1f2","total_cents":4200}`)}
+	}
+	for left := n; left > 0; left -= len(batch) {
+		k := min(left, len(batch))
+		tx, err := pool.Begin(ctx)
+		check(err)
+		_, err = ob.PublishBatch(ctx, pgxtx.From(tx), batch[:k])
+		check(err)
+		check(tx.Commit(ctx))
+	}
+	_, err := pool.Exec(ctx, `ANALYZE `+postgres.QuoteTable(ob.Table()))
+	check(err)
+}
+
+func openDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
+
+func remaining(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox) int {
+	var k int
+	check(pool.QueryRow(ctx, `SELECT count(*) FROM `+postgres.QuoteTable(ob.Table())).Scan(&k))
+	return k
+}
+
+// rawLoop drains the table with hand-written SQL: claim 100 with SKIP
+// LOCKED (the same lease update a relay makes), then delete by ids.
+func rawLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers int) {
+	tbl := postgres.QuoteTable(ob.Table())
+	claim := `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = 'bench'
+		ORDER BY available_at, id LIMIT 100 FOR UPDATE SKIP LOCKED)
+		UPDATE ` + tbl + ` AS o SET state = 'processing', attempts = o.attempts + 1, available_at = now() + interval '30 seconds'
+		FROM due WHERE o.id = due.id RETURNING o.id`
+	del := `DELETE FROM ` + tbl + ` WHERE id = ANY($1)`
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := pool.Query(ctx, claim)
+				check(err)
+				ids, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+				check(err)
+				if len(ids) == 0 {
+					return
+				}
+				_, err = pool.Exec(ctx, del, ids)
+				check(err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// relays drains the table with k relays, each on its own pool.
+func relays(ctx context.Context, ob *outbox.Outbox, k, total int) {
+	var done atomic.Int64
+	finished := make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range k {
+		p, err := pgxpool.New(ctx, *url)
+		check(err)
+		defer p.Close()
+		r, err := ob.Relay(pgxtx.Pool(p), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, Tracer: stats})
+		check(err)
+		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
+			if done.Add(1) == int64(total) {
+				close(finished)
+			}
+			return nil
+		}))
+		wg.Add(1)
+		go func() { defer wg.Done(); check(r.Run(ctx)) }()
+	}
+	<-finished
+	cancel() // Run drains: every outcome is written before it returns
+	wg.Wait()
+}
+
+func drain(ctx context.Context, pool *pgxpool.Pool) {
+	fmt.Printf("\n== drain: %d messages, no-op handler, %d interleaved rounds (seconds, lower is better)\n", *n, *rounds)
+	cases := []struct {
+		name string
+		run  func(ob *outbox.Outbox)
+	}{
+		{"raw-loop-1", func(ob *outbox.Outbox) { rawLoop(ctx, pool, ob, 1) }},
+		{"relay-1", func(ob *outbox.Outbox) { relays(ctx, ob, 1, *n) }},
+		{"raw-loop-4", func(ob *outbox.Outbox) { rawLoop(ctx, pool, ob, 4) }},
+		{"relay-4", func(ob *outbox.Outbox) { relays(ctx, ob, 4, *n) }},
+	}
+	res := map[string][]float64{}
+	for round := 1; round <= *rounds; round++ {
+		for _, c := range cases {
+			ob := table(ctx, pool, "drain")
+			fill(ctx, pool, ob, *n, "bench")
+			t0 := time.Now()
+			c.run(ob)
+			secs := time.Since(t0).Seconds()
+			if left := remaining(ctx, pool, ob); left != 0 {
+				check(fmt.Errorf("%s left %d rows", c.name, left))
+			}
+			res[c.name] = append(res[c.name], secs)
+			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  %s\n", round, c.name, secs, float64(*n)/secs, stats)
+		}
+	}
+	med := func(name string) float64 { return median(res[name]) }
+	for _, w := range []string{"1", "4"} {
+		raw, rel := med("raw-loop-"+w), med("relay-"+w)
+		fmt.Printf("median: relay-%s %.0f msg/s, raw-loop-%s %.0f msg/s; relay/raw throughput = %.2fx\n",
+			w, float64(*n)/rel, w, float64(*n)/raw, raw/rel)
+	}
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func latency(ctx context.Context, pool *pgxpool.Pool) {
+	const samples = 1000
+	fmt.Printf("\n== latency: commit to handler start with NOTIFY, %d messages, one every 5 ms, poll interval 10s\n", samples)
+	ob := table(ctx, pool, "latency")
+	var mu sync.Mutex
+	var lat []time.Duration
+	committed := map[outbox.ID]time.Time{}
+	got := make(chan struct{}, samples)
+	r, err := ob.Relay(pgxtx.Pool(pool), outbox.RelayConfig{Logger: quiet, PollInterval: 10 * time.Second})
+	check(err)
+	check(r.Handle("lat", func(ctx context.Context, d outbox.Delivery) error {
+		now := time.Now()
+		mu.Lock()
+		if c, ok := committed[d.ID]; ok {
+			lat = append(lat, now.Sub(c))
+		}
+		mu.Unlock()
+		got <- struct{}{}
+		return nil
+	}))
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { check(r.Run(rctx)); close(done) }()
+	time.Sleep(500 * time.Millisecond) // listener up
+	for range samples {
+		tx, err := pool.Begin(ctx)
+		check(err)
+		res, err := ob.Publish(ctx, pgxtx.From(tx), outbox.Message{Topic: "lat"})
+		check(err)
+		mu.Lock() // the handler may run as soon as COMMIT returns
+		check(tx.Commit(ctx))
+		committed[res.ID] = time.Now()
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+	for range samples {
+		<-got
+	}
+	cancel()
+	<-done
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
+	fmt.Printf("samples %d: p50 %v, p90 %v, p99 %v, max %v\n", len(lat), pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))
+}
+
+func memory(ctx context.Context, pool *pgxpool.Pool) {
+	const drainN = 10000
+	fmt.Printf("\n== memory: relay heap while draining %d messages from a backlog of N rows\n", drainN)
+	for _, backlog := range []int{10000, 100000, 1000000} {
+		ob := table(ctx, pool, "memory")
+		tbl := postgres.QuoteTable(ob.Table())
+		// The backlog: N due rows of the relay's topic; the relay drains
+		// the first drainN of them.
+		_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, topic, payload, available_at)
+			SELECT gen_random_uuid(), 'bench', '{"order_id":"0193a1f2","total_cents":4200}', now() - make_interval(secs => g)
+			FROM generate_series(1, %d) g`, tbl, backlog))
+		check(err)
+		_, err = pool.Exec(ctx, `ANALYZE `+tbl)
+		check(err)
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		var peak atomic.Uint64
+		stop := make(chan struct{})
+		sampler := make(chan struct{})
+		go func() {
+			defer close(sampler)
+			var m runtime.MemStats
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				runtime.ReadMemStats(&m)
+				if m.HeapInuse > peak.Load() {
+					peak.Store(m.HeapInuse)
+				}
+			}
+		}()
+		t0 := time.Now()
+		relays(ctx, ob, 1, drainN) // stops after drainN deliveries
+		secs := time.Since(t0).Seconds()
+		close(stop)
+		<-sampler
+		fmt.Printf("backlog %8d rows: peak heap in use %6.1f MiB (%.1f MiB before), drained %d in %.2fs",
+			backlog, float64(peak.Load())/(1<<20), float64(before.HeapInuse)/(1<<20), drainN, secs)
+	}
+}
+
+func init() {
+	flag.IntVar(&concurrency, "concurrency", 0, "RelayConfig.Concurrency of each relay (0: the default)")
+}
+
+// counters observe claims and settles, for -v.
+type counters struct {
+	claims, claimed, settles, settled atomic.Int64
+	last                              atomic.Int64
+	claimGap                          atomic.Int64
+}
+
+var stats = &counters{}
+
+func (c *counters) TraceClaim(_ context.Context, cs []outbox.Claimed, _ error) {
+	c.claims.Add(1)
+	c.claimed.Add(int64(len(cs)))
+}
+
+func (c *counters) TraceSettle(_ context.Context, s []outbox.Settlement, _ []outbox.Fence, _ error) {
+	c.settles.Add(1)
+	c.settled.Add(int64(len(s)))
+}
+
+func (c *counters) String() string {
+	s := fmt.Sprintf("claims %d (avg %.1f rows), settles %d (avg %.1f rows)", c.claims.Load(), float64(c.claimed.Load())/float64(max(1, c.claims.Load())),
+		c.settles.Load(), float64(c.settled.Load())/float64(max(1, c.settles.Load())))
+	c.claims.Store(0)
+	c.claimed.Store(0)
+	c.settles.Store(0)
+	c.settled.Store(0)
+	return s
+}
