@@ -24,7 +24,9 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,11 +42,12 @@ import (
 var concurrency = 0 // RelayConfig default
 
 var (
-	url    = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only   = flag.String("only", "", "run only this scenario: drain, latency or memory")
-	rounds = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
-	n      = flag.Int("n", 50000, "messages per drain")
-	quiet  = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	url        = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	only       = flag.String("only", "", "run only this scenario: drain, latency or memory")
+	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
+	n          = flag.Int("n", 50000, "messages per drain")
+	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 )
 
 func envOr(k, d string) string {
@@ -56,6 +59,12 @@ func envOr(k, d string) string {
 
 func main() {
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		check(err)
+		check(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *url)
 	check(err)
@@ -164,7 +173,7 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) {
 		p, err := pgxpool.New(ctx, *url)
 		check(err)
 		defer p.Close()
-		r, err := ob.Relay(pgxtx.Pool(p), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, Tracer: stats})
+		r, err := ob.Relay(timedDB{pgxtx.Pool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, Tracer: stats})
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(total) {
@@ -308,7 +317,7 @@ func memory(ctx context.Context, pool *pgxpool.Pool) {
 		secs := time.Since(t0).Seconds()
 		close(stop)
 		<-sampler
-		fmt.Printf("backlog %8d rows: peak heap in use %6.1f MiB (%.1f MiB before), drained %d in %.2fs",
+		fmt.Printf("backlog %8d rows: peak heap in use %6.1f MiB (%.1f MiB before), drained %d in %.2fs\n",
 			backlog, float64(peak.Load())/(1<<20), float64(before.HeapInuse)/(1<<20), drainN, secs)
 	}
 }
@@ -339,9 +348,41 @@ func (c *counters) TraceSettle(_ context.Context, s []outbox.Settlement, _ []out
 func (c *counters) String() string {
 	s := fmt.Sprintf("claims %d (avg %.1f rows), settles %d (avg %.1f rows)", c.claims.Load(), float64(c.claimed.Load())/float64(max(1, c.claims.Load())),
 		c.settles.Load(), float64(c.settled.Load())/float64(max(1, c.settles.Load())))
+	s += fmt.Sprintf(", claim time %.2fs, settle time %.2fs", time.Duration(claimTime.Swap(0)).Seconds(), time.Duration(settleTime.Swap(0)).Seconds())
 	c.claims.Store(0)
 	c.claimed.Store(0)
 	c.settles.Store(0)
 	c.settled.Store(0)
 	return s
+}
+
+// timedDB measures the time of claim and settle statements, for the
+// counters line.
+type timedDB struct{ outbox.DB }
+
+type timedRows struct {
+	outbox.Rows
+	start time.Time
+	acc   *atomic.Int64
+}
+
+func (t timedRows) Close() error {
+	err := t.Rows.Close()
+	t.acc.Add(int64(time.Since(t.start)))
+	return err
+}
+
+var claimTime, settleTime atomic.Int64
+
+func (d timedDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+	start := time.Now()
+	rows, err := d.DB.QueryDB(ctx, q, args...)
+	if err != nil {
+		return rows, err
+	}
+	acc := &settleTime
+	if strings.Contains(q, "SKIP LOCKED") {
+		acc = &claimTime
+	}
+	return timedRows{rows, start, acc}, nil
 }

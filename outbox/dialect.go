@@ -92,7 +92,11 @@ type RelayDialect interface {
 	// lease of p.Lease on the database clock. A row that already had
 	// p.MaxAttempts attempts is dead-lettered instead and returned with
 	// Dead set, without its attempts growing.
-	Claim(ctx context.Context, db DB, t Table, p ClaimParams) ([]Claimed, error)
+	//
+	// In the same commit it settles p.Done as successes (fenced as in
+	// Settle) and returns the fences that applied: under load the relay
+	// writes its outcomes with its next claim, one commit for both.
+	Claim(ctx context.Context, db DB, t Table, p ClaimParams) (claimed []Claimed, done []Fence, err error)
 
 	// Settle applies settlements, each fenced by (id, attempts) and state
 	// processing, and returns the fences that applied.
@@ -135,6 +139,10 @@ type ClaimParams struct {
 	Limit       int
 	Lease       time.Duration
 	MaxAttempts int
+	// Done are successes to settle in the same commit, with Settle's
+	// SettleParams.KeepDelivered.
+	Done          []Fence
+	KeepDelivered bool
 }
 
 // Claimed is a row returned by [RelayDialect.Claim].

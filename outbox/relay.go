@@ -21,7 +21,7 @@ const (
 	DefaultPollInterval   = time.Second
 	DefaultBatchSize      = 100
 	DefaultLease          = 30 * time.Second
-	DefaultConcurrency    = 100
+	DefaultConcurrency    = 200
 	DefaultMaxAttempts    = 10
 	DefaultRetryBase      = time.Second
 	DefaultRetryCap       = 10 * time.Minute
@@ -71,8 +71,9 @@ type RelayConfig struct {
 	DisableLeaseRenewal bool
 
 	// Concurrency is the most handlers running at once. A claim takes at
-	// most the free slots, so Concurrency at or above BatchSize lets claims
-	// be whole batches. Defaults to DefaultConcurrency (100).
+	// most the free slots; with room for two batches, one batch runs while
+	// the next is claimed, and claims stay whole batches. Defaults to
+	// DefaultConcurrency (200).
 	Concurrency int
 
 	// MaxAttempts is the number of attempts after which a failing message is
@@ -218,6 +219,12 @@ type Relay struct {
 	wake    chan struct{} // a notification, a freed slot, a reconnect
 	results chan Settlement
 	settled chan struct{} // closed when the settler has stopped
+
+	// done holds successes waiting to be written: the next claim takes
+	// them into its own statement, or the settler writes them after
+	// doneLinger when no claim came.
+	doneMu sync.Mutex
+	done   []Settlement
 }
 
 type inflight struct {
@@ -367,7 +374,13 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
 	sem := make(chan struct{}, r.cfg.Concurrency)
 	freed := make(chan struct{}, 1)
+	// After a full claim, claim again once this many slots are free: a whole
+	// batch when the slots hold two batches (one runs while the next is
+	// claimed), else half of what fits.
 	threshold := max(1, min(r.cfg.BatchSize, r.cfg.Concurrency)/2)
+	if r.cfg.Concurrency >= 2*r.cfg.BatchSize {
+		threshold = r.cfg.BatchSize
+	}
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	failures := 0
@@ -454,16 +467,47 @@ func (r *Relay) signal() {
 func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	claimed, err := r.d.Claim(ctx, r.db, r.ob.table, ClaimParams{
+	done := r.takeDone()
+	fences := make([]Fence, len(done))
+	for i := range done {
+		fences[i] = done[i].Fence
+	}
+	claimed, applied, err := r.d.Claim(ctx, r.db, r.ob.table, ClaimParams{
 		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
+		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
 	})
 	if err != nil {
 		err = wrapCtx(ctx, fmt.Errorf("outbox: claim: %w", err))
+		r.putBackDone(done) // nothing of the statement was committed
+	} else if len(done) > 0 {
+		r.report(ctx, done, applied, nil)
 	}
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
 	}
 	return claimed, err
+}
+
+// takeDone takes the waiting successes, up to 1000.
+func (r *Relay) takeDone() []Settlement {
+	r.doneMu.Lock()
+	defer r.doneMu.Unlock()
+	k := min(len(r.done), 1000)
+	if k == 0 {
+		return nil
+	}
+	out := append([]Settlement(nil), r.done[:k]...)
+	r.done = append(r.done[:0], r.done[k:]...)
+	return out
+}
+
+func (r *Relay) putBackDone(done []Settlement) {
+	if len(done) == 0 {
+		return
+	}
+	r.doneMu.Lock()
+	r.done = append(r.done, done...)
+	r.doneMu.Unlock()
 }
 
 // wrapCtx makes err wrap the context's error when the context ended, so
@@ -567,25 +611,64 @@ func (r *Relay) send(s Settlement) {
 	}
 }
 
-// settleLoop writes outcomes in batches: it blocks for one, then takes all
-// that are waiting (up to 1000), and writes them with one statement per kind.
+// settleLinger is how long the settler waits for more outcomes after the
+// first, when fewer than a batch are waiting: fewer, larger statements under
+// load, at the cost of writing an outcome up to this much later.
+const settleLinger = 2 * time.Millisecond
+
+// doneLinger is how long successes wait for a claim to carry them before
+// the settler writes them with a statement of their own.
+const doneLinger = 10 * time.Millisecond
+
+// settleLoop writes outcomes. Retries and dead letters are written in
+// batches: it blocks for one outcome, gathers those that arrive within
+// settleLinger (up to a claim batch, then all that are waiting, up to 1000)
+// and writes them with one statement per kind. Successes are handed to the
+// next claim (one commit for both); those no claim took within doneLinger
+// are written here.
 func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 	defer close(r.settled)
 	batch := make([]Settlement, 0, 64)
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	flushArmed := false
 	for {
 		select {
 		case s := <-r.results:
 			batch = append(batch[:0], s)
+		case <-flush.C:
+			flushArmed = false
+			if done := r.takeDone(); len(done) > 0 {
+				r.settle(ctx, done)
+			}
+			continue
 		case <-stop:
 			batch = batch[:0]
 			for len(r.results) > 0 {
 				batch = append(batch, <-r.results)
 			}
+			r.doneMu.Lock()
+			batch = append(batch, r.done...)
+			r.done = nil
+			r.doneMu.Unlock()
 			if len(batch) > 0 {
 				r.settle(ctx, batch)
 			}
 			return
 		}
+		linger := time.NewTimer(settleLinger)
+	gather:
+		for len(batch) < r.cfg.BatchSize {
+			select {
+			case s := <-r.results:
+				batch = append(batch, s)
+			case <-linger.C:
+				break gather
+			case <-stop:
+				break gather
+			}
+		}
+		linger.Stop()
 	more:
 		for len(batch) < 1000 {
 			select {
@@ -595,7 +678,25 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 				break more
 			}
 		}
-		r.settle(ctx, batch)
+		others := batch[:0]
+		var done []Settlement
+		for _, s := range batch {
+			if s.Kind == SettleDone {
+				done = append(done, s)
+			} else {
+				others = append(others, s)
+			}
+		}
+		if len(done) > 0 {
+			r.putBackDone(done)
+			if !flushArmed {
+				flush.Reset(doneLinger)
+				flushArmed = true
+			}
+		}
+		if len(others) > 0 {
+			r.settle(ctx, others)
+		}
 	}
 }
 
@@ -605,6 +706,13 @@ func (r *Relay) settle(ctx context.Context, batch []Settlement) {
 	applied, err := r.d.Settle(ctx, r.db, r.ob.table, r.settleP, batch)
 	if err != nil {
 		err = wrapCtx(ctx, err)
+	}
+	r.report(ctx, batch, applied, err)
+}
+
+// report logs and traces the outcome of writing batch.
+func (r *Relay) report(ctx context.Context, batch []Settlement, applied []Fence, err error) {
+	if err != nil {
 		r.log.Error("outbox: settle failed; the messages will be delivered again after their lease", "err", err, "count", len(batch))
 	} else if len(applied) < len(batch) {
 		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", len(batch)-len(applied))

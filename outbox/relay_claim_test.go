@@ -170,7 +170,7 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 			defer wg.Done()
 			for i := range 12 { // more executions than the generic-plan switch needs
 				limit := 1 + (w+i)%17
-				cs, err := d.Claim(context.Background(), db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
+				cs, _, err := d.Claim(context.Background(), db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
 				if err != nil {
 					t.Error(err)
 					return
@@ -266,12 +266,13 @@ func TestPlansUseIndexes(t *testing.T) {
 	id := outbox.NewID().String()
 	deleteDone, _, retry, markDead, _ := postgres.SettleSQL(e.ob.Table())
 	for name, plan := range map[string]string{
-		"claim":  explain(postgres.ClaimSQL(e.ob.Table()), `{"t1"}`, 100, 30.0, 10),
-		"settle": explain(deleteDone, "{"+id+"}", "{1}"),
-		"retry":  explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
-		"dead":   explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
-		"renew":  explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
-		"purge":  explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
+		"claim":        explain(postgres.ClaimSQL(e.ob.Table()), `{"t1"}`, 100, 30.0, 10),
+		"claim+settle": explain(postgres.ClaimSettleSQL(e.ob.Table(), false), `{"t1"}`, 100, 30.0, 10, "{"+id+"}", "{1}"),
+		"settle":       explain(deleteDone, "{"+id+"}", "{1}"),
+		"retry":        explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
+		"dead":         explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
+		"renew":        explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
+		"purge":        explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
 	} {
 		if strings.Contains(plan, "Seq Scan on outbox") {
 			t.Errorf("%s plan scans the table:\n%s", name, plan)
@@ -290,7 +291,7 @@ func TestLeaseReclaim(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
 	d := postgres.Dialect().(outbox.RelayDialect)
-	cs, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
+	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim: %v %v", cs, err)
 	}
@@ -584,4 +585,46 @@ func TestHelperRelay(t *testing.T) {
 		select {} // until killed
 	})
 	r.Run(context.Background())
+}
+
+// TestClaimCarriesSettles: a claim that carries successes deletes (or marks
+// delivered) the fenced ones in the same statement, skips the stale ones,
+// and never claims a row it settles.
+func TestClaimCarriesSettles(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprint("keep=", keep), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, outbox.Config{})
+			ids := publishN(t, e, pool(t), 3, outbox.Message{Topic: "t"})
+			d := postgres.Dialect().(outbox.RelayDialect)
+			db := pgxtx.Pool(pool(t))
+			p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 2, Lease: time.Minute, MaxAttempts: 5}
+			first, _, err := d.Claim(context.Background(), db, e.ob.Table(), p)
+			if err != nil || len(first) != 2 {
+				t.Fatalf("claim: %v %v", first, err)
+			}
+			p.Limit, p.KeepDelivered = 10, keep
+			p.Done = []outbox.Fence{{ID: first[0].ID, Attempts: 1}, {ID: first[1].ID, Attempts: 7}} // the second is stale
+			claimed, done, err := d.Claim(context.Background(), db, e.ob.Table(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(done) != 1 || done[0] != p.Done[0] {
+				t.Errorf("settled %v, want only %v", done, p.Done[0])
+			}
+			if len(claimed) != 1 || claimed[0].ID != ids[2] {
+				t.Errorf("claimed %v, want only the third message", claimed)
+			}
+			wantFirst := "gone"
+			if keep {
+				wantFirst = "delivered"
+			}
+			if s, _, _ := rowState(t, e, first[0].ID); s != wantFirst {
+				t.Errorf("settled row is %s, want %s", s, wantFirst)
+			}
+			if s, a, _ := rowState(t, e, first[1].ID); s != "processing" || a != 1 {
+				t.Errorf("stale fence changed the row: %s attempts %d", s, a)
+			}
+		})
+	}
 }

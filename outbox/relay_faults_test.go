@@ -89,7 +89,9 @@ func TestSettleFailureLoggedNotFatal(t *testing.T) {
 		return nil
 	}}
 	var logs logBuffer
-	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{Lease: time.Second, Logger: logs.logger()}))
+	// A long poll: the success is written by the settler's own statement
+	// (no claim comes along to carry it), and that statement fails.
+	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{Lease: time.Second, PollInterval: 700 * time.Millisecond, Logger: logs.logger()}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,44 +30,86 @@ func textArray(ss []string) string {
 //
 // $1 topics (text[] literal), $2 limit, $3 lease in seconds, $4 max attempts.
 func ClaimSQL(t outbox.Table) string {
-	tbl := QuoteTable(t)
-	return `WITH due AS MATERIALIZED (
-    SELECT id FROM ` + tbl + `
-    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])
-    ORDER BY available_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-UPDATE ` + tbl + ` AS o SET
-    state        = CASE WHEN o.attempts >= $4 THEN 'dead' ELSE 'processing' END,
-    attempts     = CASE WHEN o.attempts >= $4 THEN o.attempts ELSE o.attempts + 1 END,
-    available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
-    settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
-    last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
-WHERE o.id = ANY (ARRAY(SELECT id FROM due))
-RETURNING o.id::text, o.topic, o.message_key, o.payload::text, o.headers::text, o.attempts, o.state, o.created_at`
+	return claimCTE(t, false) + `
+SELECT id::text, topic, message_key, payload::text, headers::text, attempts, state, created_at FROM claimed`
 }
 
-func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	rows, err := db.QueryDB(ctx, ClaimSQL(t), textArray(p.Topics), p.Limit, p.Lease.Seconds(), p.MaxAttempts)
+// ClaimSettleSQL is ClaimSQL that also settles successes in the same
+// statement, and so the same commit: $5 ids and $6 attempts (array
+// literals) are deleted (or marked delivered when keep is true), fenced as in
+// SettleSQL, and returned as rows with a NULL topic. The claim skips those
+// ids, so no row is both settled and claimed by the one statement.
+func ClaimSettleSQL(t outbox.Table, keep bool) string {
+	tbl := QuoteTable(t)
+	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
+	if keep {
+		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
+	}
+	return claimCTE(t, true) + `,
+done AS (` + done + fenceJoin + ` RETURNING o.id, o.attempts)
+SELECT id::text, topic, message_key, payload::text, headers::text, attempts, state, created_at FROM claimed
+UNION ALL
+SELECT id::text, NULL, NULL, NULL, NULL, attempts, NULL, NULL FROM done`
+}
+
+func claimCTE(t outbox.Table, skipDone bool) string {
+	tbl := QuoteTable(t)
+	skip := ""
+	if skipDone {
+		skip = ` AND id <> ALL($5::uuid[])`
+	}
+	return `WITH due AS MATERIALIZED (
+    SELECT id FROM ` + tbl + `
+    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])` + skip + `
+    ORDER BY available_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE ` + tbl + ` AS o SET
+        state        = CASE WHEN o.attempts >= $4 THEN 'dead' ELSE 'processing' END,
+        attempts     = CASE WHEN o.attempts >= $4 THEN o.attempts ELSE o.attempts + 1 END,
+        available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
+        settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
+        last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
+    WHERE o.id = ANY (ARRAY(SELECT id FROM due))
+    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.state, o.created_at)`
+}
+
+func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+	q := ClaimSQL(t)
+	args := []any{textArray(p.Topics), p.Limit, p.Lease.Seconds(), p.MaxAttempts}
+	if len(p.Done) > 0 {
+		q = ClaimSettleSQL(t, p.KeepDelivered)
+		ids, attempts := fenceArrays(p.Done)
+		args = append(args, ids, attempts)
+	}
+	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
-	var out []outbox.Claimed
+	var claimed []outbox.Claimed
+	var done []outbox.Fence
 	for rows.Next() {
 		var c outbox.Claimed
-		var id, state string
-		var key sql.NullString
-		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &c.CreatedAt); err != nil {
-			return nil, err
+		var id string
+		var topic, key, state sql.NullString
+		var created sql.NullTime
+		if err := rows.Scan(&id, &topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &created); err != nil {
+			return nil, nil, err
 		}
 		if c.ID, err = outbox.ParseID(id); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		c.Key, c.Dead = key.String, state == string(outbox.StateDead)
-		out = append(out, c)
+		if !topic.Valid {
+			done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+			continue
+		}
+		c.Topic, c.Key, c.CreatedAt = topic.String, key.String, created.Time
+		c.Dead = state.String == string(outbox.StateDead)
+		claimed = append(claimed, c)
 	}
-	return out, rows.Err()
+	return claimed, done, rows.Err()
 }
 
 // arrayLiteral writes a PostgreSQL array literal of n elements; elem gives
