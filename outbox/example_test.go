@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/outbox"
 	_ "modernc.org/sqlite"
@@ -117,4 +120,39 @@ func ExampleOutbox_PublishBatch() {
 	// message 0 duplicate=false
 	// message 1 duplicate=true
 	// message 2 duplicate=false
+}
+
+// A relay in every replica delivers the messages (this example needs a
+// PostgreSQL server, so it is compiled but not run).
+func ExampleOutbox_Relay() {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	pool, err := pgxpool.New(ctx, "postgres://127.0.0.1:5432/app")
+	if err != nil {
+		panic(err)
+	}
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
+	if err != nil {
+		panic(err)
+	}
+	relay, err := ob.Relay(pgxtx.Pool(pool), outbox.RelayConfig{})
+	if err != nil {
+		panic(err)
+	}
+	type orderPlaced struct {
+		OrderID string `json:"order_id"`
+		Email   string `json:"email"`
+	}
+	err = outbox.HandleJSON(relay, "order.placed", func(ctx context.Context, d outbox.Delivery, e orderPlaced) error {
+		// Send the e-mail with d.ID as the idempotency key: a crash after
+		// sending and before the outcome is written sends it again.
+		fmt.Println("send confirmation for", e.OrderID, "key", d.ID)
+		return nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := relay.Run(ctx); err != nil { // until ctx ends, then drains
+		panic(err)
+	}
 }

@@ -618,7 +618,7 @@ const settleLinger = 2 * time.Millisecond
 
 // doneLinger is how long successes wait for a claim to carry them before
 // the settler writes them with a statement of their own.
-const doneLinger = 10 * time.Millisecond
+const doneLinger = 50 * time.Millisecond
 
 // settleLoop writes outcomes. Retries and dead letters are written in
 // batches: it blocks for one outcome, gathers those that arrive within

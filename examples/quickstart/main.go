@@ -143,6 +143,6 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println("\nThe id each Publish returned is the id stored in the table, in the same text form;")
 	fmt.Println("it is the idempotency key a handler uses. A relay claims these rows and delivers")
-	fmt.Println("them at least once (see the README's status section).")
+	fmt.Println("them at least once; the PostgreSQL relay is in the README, the SQLite relay is next.")
 	return nil
 }
