@@ -214,7 +214,7 @@ type Relay struct {
 	handlers map[string]Handler
 	topics   []string
 	started  bool
-	inflight map[ID]*inflight
+	inflight map[Fence]*inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
 
 	wake    chan struct{} // a notification, a freed slot, a reconnect
 	results chan Settlement
@@ -228,9 +228,8 @@ type Relay struct {
 }
 
 type inflight struct {
-	attempts int
-	claimed  time.Time
-	cancel   context.CancelFunc
+	claimed time.Time
+	cancel  context.CancelFunc
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -254,7 +253,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
 		settleP:  SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
 		handlers: map[string]Handler{},
-		inflight: map[ID]*inflight{},
+		inflight: map[Fence]*inflight{},
 		wake:     make(chan struct{}, 1),
 	}
 	if cfg.Listen != NotifyOff {
@@ -524,12 +523,13 @@ func (r *Relay) deliver(ctx context.Context, c Claimed) {
 	r.mu.Lock()
 	h := r.handlers[c.Topic]
 	hctx, cancel := context.WithCancel(ctx)
-	r.inflight[c.ID] = &inflight{attempts: c.Attempts, claimed: time.Now(), cancel: cancel}
+	key := Fence{c.ID, c.Attempts}
+	r.inflight[key] = &inflight{claimed: time.Now(), cancel: cancel}
 	r.mu.Unlock()
 	defer func() {
 		cancel()
 		r.mu.Lock()
-		delete(r.inflight, c.ID)
+		delete(r.inflight, key)
 		r.mu.Unlock()
 	}()
 
@@ -737,9 +737,9 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		var held []Fence
 		cutoff := time.Now().Add(-every)
 		r.mu.Lock()
-		for id, f := range r.inflight {
-			if f.claimed.Before(cutoff) {
-				held = append(held, Fence{id, f.attempts})
+		for f, in := range r.inflight {
+			if in.claimed.Before(cutoff) {
+				held = append(held, f)
 			}
 		}
 		r.mu.Unlock()
@@ -748,9 +748,12 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 		kept, err := r.d.Renew(rctx, r.db, r.ob.table, r.cfg.Lease, held)
+		if err != nil {
+			err = wrapCtx(rctx, err)
+		}
 		cancel()
 		if err != nil {
-			r.log.Error("outbox: lease renewal failed", "err", wrapCtx(rctx, err), "count", len(held))
+			r.log.Error("outbox: lease renewal failed", "err", err, "count", len(held))
 			continue
 		}
 		if len(kept) < len(held) {
@@ -759,9 +762,15 @@ func (r *Relay) renewLoop(ctx context.Context) {
 				still[f] = true
 			}
 			for _, f := range held {
-				if !still[f] {
-					r.log.Warn("outbox: lease lost: the message was claimed again; its outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
+				if still[f] {
+					continue
 				}
+				r.log.Warn("outbox: lease lost: the message was claimed again; cancelling its handler, whose outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
+				r.mu.Lock()
+				if in := r.inflight[f]; in != nil {
+					in.cancel()
+				}
+				r.mu.Unlock()
 			}
 		}
 	}

@@ -214,7 +214,7 @@ func TestFourRelays(t *testing.T) {
 	tr := newTrace()
 	rec := newRecorder()
 	for range 4 {
-		r, err := e.ob.Relay(pgxtx.Pool(pgtest.Pool(t)), fast(outbox.RelayConfig{Tracer: tr, Concurrency: 64}))
+		r, err := e.ob.Relay(pgxtx.Pool(pgtest.Pool(t)), fast(t, outbox.RelayConfig{Tracer: tr, Concurrency: 64}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -443,7 +443,7 @@ func TestFrozenClaim(t *testing.T) {
 		}
 		return nil
 	}}
-	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{CommandTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond, Tracer: tr, Listen: outbox.NotifyOff}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{CommandTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond, Tracer: tr, Listen: outbox.NotifyOff}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func TestSurvivesClaimErrors(t *testing.T) {
 		return nil
 	}}
 	var logs logBuffer
-	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Logger: logs.logger(), Listen: outbox.NotifyOff}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Logger: logs.logger(), Listen: outbox.NotifyOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestSettleFailureLoggedNotFatal(t *testing.T) {
 	var logs logBuffer
 	// A long poll: the success is written by the settler's own statement
 	// (no claim comes along to carry it), and that statement fails.
-	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{Lease: time.Second, PollInterval: 700 * time.Millisecond, Logger: logs.logger()}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, PollInterval: 700 * time.Millisecond, Logger: logs.logger()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestPollsWhenListenerDown(t *testing.T) {
 		return errors.New("injected listener failure")
 	}}}
 	var logs logBuffer
-	r, err := e.ob.Relay(db, fast(outbox.RelayConfig{PollInterval: 100 * time.Millisecond, Logger: logs.logger()}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{PollInterval: 100 * time.Millisecond, Logger: logs.logger()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	// after the pool is warm.
 	opts := goleak.IgnoreCurrent()
 	for i := range 200 {
-		r, err := e.ob.Relay(db, fast(outbox.RelayConfig{Lease: 2 * time.Second, ShutdownGrace: time.Second}))
+		r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: 2 * time.Second, ShutdownGrace: time.Second}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,5 +169,56 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	if err := goleak.Find(opts, goleak.IgnoreAnyFunction("github.com/jackc/puddle/v2.(*Pool).Acquire.func1"),
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestLeaseLostCancelsHandler: when a renewal finds that another claim took
+// the message (the relay could not renew for a while and the lease lapsed),
+// the handler's context is cancelled and its late outcome is fenced off.
+// The same relay holds both claims of the message at once, which its
+// bookkeeping must keep apart.
+func TestLeaseLostCancelsHandler(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var renewBlocked atomic.Bool
+	renewBlocked.Store(true)
+	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+		if renewBlocked.Load() && strings.HasPrefix(q, "UPDATE") && strings.Contains(q, "SET available_at = now() + make_interval") {
+			return errors.New("injected renewal failure")
+		}
+		return nil
+	}}
+	tr := newTrace()
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, Tracer: tr, Listen: outbox.NotifyOff}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled := make(chan struct{})
+	rec := newRecorder()
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error {
+		rec.add(d)
+		if d.Attempt > 1 {
+			return nil
+		}
+		<-ctx.Done()
+		close(cancelled)
+		return ctx.Err()
+	})
+	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
+	start(t, r)
+	eventually(t, 10*time.Second, "attempt 2 delivered after the lease lapsed", func() bool { return count(t, e.table, "") == 0 })
+	renewBlocked.Store(false)
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first handler was not cancelled after its lease was lost")
+	}
+	first := outbox.Fence{ID: ids[0], Attempts: 1}
+	eventually(t, 5*time.Second, "the first outcome written", func() bool { w, _ := tr.settleOf(first); return w })
+	if _, applied := tr.settleOf(first); applied {
+		t.Error("the late outcome applied")
+	}
+	if a := rec.attempts(ids[0]); len(a) != 2 {
+		t.Errorf("attempts %v, want [1 2]", a)
 	}
 }

@@ -14,8 +14,12 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-// fast is a relay configuration for tests: short polls, leases and retries.
-func fast(cfg outbox.RelayConfig) outbox.RelayConfig {
+// fast is a relay configuration for tests: short polls, leases and retries,
+// logging through t.Output() (shown when the test fails or with -v).
+func fast(t testing.TB, cfg outbox.RelayConfig) outbox.RelayConfig {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 50 * time.Millisecond
 	}

@@ -29,7 +29,7 @@ func TestRelayDelivers(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, outbox.Config{})
 			rec := newRecorder()
-			r, err := e.ob.Relay(tc.db(t), fast(outbox.RelayConfig{BatchSize: 7}))
+			r, err := e.ob.Relay(tc.db(t), fast(t, outbox.RelayConfig{BatchSize: 7}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func TestRelayDelivers(t *testing.T) {
 
 func newRelay(t *testing.T, e *env, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	r, err := e.ob.Relay(pgxtx.Pool(pool(t)), fast(cfg))
+	r, err := e.ob.Relay(pgxtx.Pool(pool(t)), fast(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
