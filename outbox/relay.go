@@ -319,7 +319,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	// handlersCtx outlives ctx by the grace period.
 	handlersCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
-	bg, stopBG := context.WithCancel(ctx)
+	// The listener, renewer and janitor run until the handlers are done:
+	// leases must keep being renewed during the grace period.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var bgWG sync.WaitGroup
 	startBG := func(f func(context.Context)) {
 		bgWG.Add(1)
@@ -368,8 +370,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // It claims when the poll timer fires, when a notification arrives, and
 // right after a claim that filled its limit (more may be due). A claim
 // takes at most the free handler slots; after a full claim it waits until
-// at least half a batch of slots is free, so a busy relay claims in
-// batches rather than one row per finished handler.
+// enough slots are free (see threshold), so a busy relay claims in batches
+// rather than one row per finished handler.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
 	sem := make(chan struct{}, r.cfg.Concurrency)
 	freed := make(chan struct{}, 1)

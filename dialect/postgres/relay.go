@@ -37,8 +37,9 @@ SELECT id::text, topic, message_key, payload::text, headers::text, attempts, sta
 // ClaimSettleSQL is ClaimSQL that also settles successes in the same
 // statement, and so the same commit: $5 ids and $6 attempts (array
 // literals) are deleted (or marked delivered when keep is true), fenced as in
-// SettleSQL, and returned as rows with a NULL topic. The claim skips those
-// ids, so no row is both settled and claimed by the one statement.
+// SettleSQL, and returned as rows with a NULL topic. The claim's UPDATE
+// leaves those ids alone (one whose lease lapsed may be among the due rows),
+// so no row is both settled and claimed by the one statement.
 func ClaimSettleSQL(t outbox.Table, keep bool) string {
 	tbl := QuoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
@@ -56,11 +57,11 @@ func claimCTE(t outbox.Table, skipDone bool) string {
 	tbl := QuoteTable(t)
 	skip := ""
 	if skipDone {
-		skip = ` AND id <> ALL($5::uuid[])`
+		skip = ` AND o.id <> ALL($5::uuid[])`
 	}
 	return `WITH due AS MATERIALIZED (
     SELECT id FROM ` + tbl + `
-    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])` + skip + `
+    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
@@ -71,7 +72,7 @@ claimed AS (
         available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
         settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
         last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
-    WHERE o.id = ANY (ARRAY(SELECT id FROM due))
+    WHERE o.id = ANY (ARRAY(SELECT id FROM due))` + skip + `
     RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.state, o.created_at)`
 }
 
