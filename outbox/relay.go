@@ -728,14 +728,7 @@ func (r *Relay) report(ctx context.Context, batch []Settlement, applied []Fence,
 // the lease, every third of the lease.
 func (r *Relay) renewLoop(ctx context.Context) {
 	every := r.cfg.Lease / 3
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick(ctx, every, func() {
 		var held []Fence
 		cutoff := time.Now().Add(-every)
 		r.mu.Lock()
@@ -746,7 +739,7 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		}
 		r.mu.Unlock()
 		if len(held) == 0 {
-			continue
+			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 		kept, err := r.d.Renew(rctx, r.db, r.ob.table, r.cfg.Lease, held)
@@ -756,7 +749,7 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		cancel()
 		if err != nil {
 			r.log.Error("outbox: lease renewal failed", "err", err, "count", len(held))
-			continue
+			return
 		}
 		if len(kept) < len(held) {
 			still := make(map[Fence]bool, len(kept))
@@ -775,7 +768,7 @@ func (r *Relay) renewLoop(ctx context.Context) {
 				r.mu.Unlock()
 			}
 		}
-	}
+	})
 }
 
 // listenLoop keeps a listener running, reconnecting with backoff.
@@ -809,14 +802,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 
 // janitorLoop purges delivered messages older than KeepDelivered.
 func (r *Relay) janitorLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.JanitorEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick(ctx, r.cfg.JanitorEvery, func() {
 		jctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 		n, err := r.d.Purge(jctx, r.db, r.ob.table, []State{StateDelivered}, r.cfg.KeepDelivered)
 		cancel()
@@ -824,6 +810,20 @@ func (r *Relay) janitorLoop(ctx context.Context) {
 			r.log.Error("outbox: purging delivered messages failed", "err", err)
 		} else if n > 0 {
 			r.log.Debug("outbox: purged delivered messages", "count", n)
+		}
+	})
+}
+
+// tick calls f every d until ctx ends.
+func tick(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
 		}
 	}
 }
