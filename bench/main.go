@@ -13,6 +13,13 @@
 //   - memory: the relay's heap while it drains 10,000 messages from a backlog
 //     of 10k, 100k and 1M rows.
 //
+// Diagnostics, run only when named with -only:
+//
+//   - stmt: the relay's claim statements alone, sequentially, beside the raw
+//     loop (the SQL cost without the relay's goroutines).
+//   - variants: the claim statement with narrower RETURNING lists or without
+//     its CASE expressions, each followed by the raw delete.
+//
 // The server comes from OUTBOX_TEST_POSTGRES_URL, else the local default.
 package main
 
@@ -72,6 +79,12 @@ func main() {
 	fmt.Printf("oncommit bench: %s, GOMAXPROCS=%d, %s\n", time.Now().UTC().Format(time.RFC3339), runtime.GOMAXPROCS(0), serverVersion(ctx, pool))
 	if *only == "" || *only == "drain" {
 		drain(ctx, pool)
+	}
+	if *only == "stmt" {
+		stmts(ctx, pool)
+	}
+	if *only == "variants" {
+		variants(ctx, pool)
 	}
 	if *only == "" || *only == "latency" {
 		latency(ctx, pool)
