@@ -44,6 +44,9 @@ type Capabilities struct {
 	MaxParams int
 	// ParamsPerRow is the most parameters Insert uses for one row.
 	ParamsPerRow int
+	// PollInterval, when not zero, is the relay's default poll interval
+	// for this dialect (short where nothing wakes relays, as on SQLite).
+	PollInterval time.Duration
 }
 
 // Table is the validated name of the outbox table.
@@ -69,6 +72,16 @@ func (t Table) String() string {
 type DB interface {
 	// QueryDB runs one statement outside any transaction.
 	QueryDB(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// TxDB is implemented by a [DB] that can run statements inside one short
+// transaction on one connection, for dialects that need one (SQLite takes
+// its write lock first with BEGIN IMMEDIATE).
+type TxDB interface {
+	// InTx runs begin (such as "BEGIN IMMEDIATE") on one connection, then
+	// f with a DB bound to that connection, then COMMIT, or ROLLBACK when
+	// f fails.
+	InTx(ctx context.Context, begin string, f func(tx DB) error) error
 }
 
 // Listener is implemented by a [DB] that can wait for notifications on a

@@ -53,7 +53,8 @@ var (
 type RelayConfig struct {
 	// PollInterval is how often the relay looks for due messages when
 	// nothing wakes it sooner. Polling is the source of truth; NOTIFY only
-	// makes delivery faster. Defaults to DefaultPollInterval (1s).
+	// makes delivery faster. Defaults to the dialect's suggestion (100ms on
+	// SQLite, which has no notifications), else DefaultPollInterval (1s).
 	PollInterval time.Duration
 
 	// BatchSize is the most messages one claim takes. Defaults to
@@ -159,6 +160,9 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 		if *v == 0 {
 			*v = d
 		}
+	}
+	if caps.PollInterval > 0 {
+		def(&c.PollInterval, caps.PollInterval)
 	}
 	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.Lease, DefaultLease)

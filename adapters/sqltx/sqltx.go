@@ -102,3 +102,37 @@ func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error 
 	}
 	return err
 }
+
+// InTx runs begin on one connection of the pool, then f with that
+// connection, then COMMIT (or ROLLBACK when f fails). SQLite claims this way,
+// under BEGIN IMMEDIATE.
+func (d *DB) InTx(ctx context.Context, begin string, f func(tx outbox.DB) error) (err error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, begin); err != nil {
+		return err
+	}
+	if err := f(connDB{conn}); err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	return nil
+}
+
+// connDB is one connection as an outbox.DB.
+type connDB struct{ conn *sql.Conn }
+
+func (c connDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	rows, err := c.conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}

@@ -22,6 +22,7 @@ package sqlite
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
@@ -30,6 +31,10 @@ import (
 // MaxParams is SQLite's default limit of bind parameters in one statement
 // (SQLITE_MAX_VARIABLE_NUMBER since 3.32).
 const MaxParams = 32766
+
+// DefaultPollInterval is the relay's default poll interval on SQLite: with
+// no notifications, a relay finds new messages only by polling.
+const DefaultPollInterval = 100 * time.Millisecond
 
 // now is the database clock as stored: integer milliseconds since the epoch.
 const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
@@ -65,7 +70,7 @@ type dialect struct {
 func (*dialect) Name() string { return "sqlite" }
 
 func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7}
+	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval}
 }
 
 // QuoteTable returns t as a quoted identifier.

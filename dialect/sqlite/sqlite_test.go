@@ -158,7 +158,7 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	db, _ := sql.Open("sqlite", "file:"+path)
 	defer db.Close()
-	if n := count(t, db, `oncommit_migrations WHERE table_name = 'events_outbox'`); n != 1 {
+	if n := count(t, db, `oncommit_migrations WHERE table_name = 'events_outbox'`); n != 2 {
 		t.Errorf("%d migration records", n)
 	}
 	if n := count(t, db, `sqlite_master WHERE name IN ('events_outbox_claim_idx', 'events_outbox_dedup_idx')`); n != 2 {

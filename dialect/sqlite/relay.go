@@ -1,0 +1,255 @@
+package sqlite
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// SQLite has one writer at a time and no SKIP LOCKED: each claim is one
+// UPDATE ... RETURNING, and a write statement takes the database's write lock
+// before it reads, so claims by any number of relays (goroutines or
+// processes) on one file are serialised and never overlap. The due rows are
+// picked by a LIMIT subquery that SQLite evaluates once. Lists (topics,
+// fences) travel as one JSON text parameter read with json_each.
+
+// ClaimSQL returns the claim statement for table t: ?1 topics (JSON array),
+// ?2 limit, ?3 lease in milliseconds, ?4 max attempts.
+func ClaimSQL(t outbox.Table) string {
+	tbl := QuoteTable(t)
+	return `UPDATE ` + tbl + ` SET
+    state        = CASE WHEN attempts >= ?4 THEN 'dead' ELSE 'processing' END,
+    settled_at   = CASE WHEN attempts >= ?4 THEN ` + now + ` END,
+    last_error   = CASE WHEN attempts >= ?4 THEN 'max attempts reached' ELSE last_error END,
+    available_at = CASE WHEN attempts >= ?4 THEN available_at ELSE ` + now + ` + ?3 END,
+    attempts     = CASE WHEN attempts >= ?4 THEN attempts ELSE attempts + 1 END
+WHERE id IN (
+    SELECT id FROM ` + tbl + `
+    WHERE state IN ('pending', 'processing') AND available_at <= ` + now + `
+      AND topic IN (SELECT value FROM json_each(?1))
+    ORDER BY available_at, id
+    LIMIT ?2)
+RETURNING id, topic, message_key, payload, headers, attempts, state, created_at`
+}
+
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only strings and numbers are marshalled here
+	}
+	return string(b)
+}
+
+func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+	var claimed []outbox.Claimed
+	var done []outbox.Fence
+	run := func(db outbox.DB) error {
+		var err error
+		if len(p.Done) > 0 {
+			kind := outbox.SettleDone
+			if done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, kind, fenceSettlements(p.Done)); err != nil {
+				return err
+			}
+		}
+		claimed, err = claim(ctx, db, t, p)
+		return err
+	}
+	if txdb, ok := db.(outbox.TxDB); ok && len(p.Done) > 0 {
+		// Settle and claim in one commit, as on PostgreSQL.
+		err := txdb.InTx(ctx, "BEGIN IMMEDIATE", run)
+		return claimed, done, err
+	}
+	err := run(db)
+	return claimed, done, err
+}
+
+func fenceSettlements(fs []outbox.Fence) []outbox.Settlement {
+	s := make([]outbox.Settlement, len(fs))
+	for i, f := range fs {
+		s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
+	}
+	return s
+}
+
+func claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	rows, err := db.QueryDB(ctx, ClaimSQL(t), jsonText(p.Topics), p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outbox.Claimed
+	for rows.Next() {
+		var c outbox.Claimed
+		var id, state string
+		var key *string
+		var created int64
+		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &created); err != nil {
+			return nil, err
+		}
+		if c.ID, err = outbox.ParseID(id); err != nil {
+			return nil, err
+		}
+		if key != nil {
+			c.Key = *key
+		}
+		c.CreatedAt = time.UnixMilli(created).UTC()
+		c.Dead = state == string(outbox.StateDead)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// fenced runs a statement returning (id, attempts) rows.
+func fenced(ctx context.Context, db outbox.DB, q string, args ...any) ([]outbox.Fence, error) {
+	rows, err := db.QueryDB(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outbox.Fence
+	for rows.Next() {
+		var id string
+		var f outbox.Fence
+		if err := rows.Scan(&id, &f.Attempts); err != nil {
+			return nil, err
+		}
+		if f.ID, err = outbox.ParseID(id); err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	return out, rows.Err()
+}
+
+// settleRows is the JSON form of settlements: [id, attempts, delay ms,
+// at ms or null, error] per row.
+func settleRows(s []outbox.Settlement) string {
+	rows := make([][]any, len(s))
+	for i, x := range s {
+		var at any
+		if !x.At.IsZero() {
+			at = x.At.UnixMilli()
+		}
+		rows[i] = []any{x.ID.String(), x.Attempts, x.Delay.Milliseconds(), at, x.Error}
+	}
+	return jsonText(rows)
+}
+
+// values unpacks settleRows as a table v(id, attempts, delay, at, err).
+const values = `(SELECT value->>0 AS id, value->>1 AS attempts, value->>2 AS delay, value->>3 AS at, value->>4 AS err FROM json_each(?1)) AS v`
+
+// SettleSQL returns the fenced settle statements for table t, each over
+// ?1, the settlements as a JSON array of [id, attempts, delay ms, at ms,
+// error]: done (delete or mark delivered), retry, dead (mark or delete).
+func SettleSQL(t outbox.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
+	tbl := QuoteTable(t)
+	const fence = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
+	pairs := ` AND (id, attempts) IN (SELECT value->>0, value->>1 FROM json_each(?1)) RETURNING id, attempts`
+	deleteDone = `DELETE FROM ` + tbl + ` WHERE state = 'processing'` + pairs
+	markDelivered = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = ` + now + `, last_error = NULL FROM ` + values + fence
+	retry = `UPDATE ` + tbl + ` AS o SET state = 'pending', last_error = v.err,
+    available_at = CASE WHEN v.at IS NULL THEN ` + now + ` + v.delay ELSE max(` + now + `, v.at) END
+FROM ` + values + fence
+	markDead = `UPDATE ` + tbl + ` AS o SET state = 'dead', settled_at = ` + now + `, last_error = v.err FROM ` + values + fence
+	deleteDead = `DELETE FROM ` + tbl + ` WHERE state IN ('processing', 'dead')` + pairs
+	return
+}
+
+func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, kind outbox.SettleKind, s []outbox.Settlement) ([]outbox.Fence, error) {
+	deleteDone, markDelivered, retry, markDead, deleteDead := SettleSQL(t)
+	q := map[outbox.SettleKind]string{outbox.SettleDone: deleteDone, outbox.SettleRetry: retry, outbox.SettleDead: markDead}[kind]
+	if kind == outbox.SettleDone && p.KeepDelivered {
+		q = markDelivered
+	}
+	if kind == outbox.SettleDead && p.DiscardDead {
+		q = deleteDead
+	}
+	return fenced(ctx, db, q, settleRows(s))
+}
+
+func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+	byKind := map[outbox.SettleKind][]outbox.Settlement{}
+	for _, x := range s {
+		byKind[x.Kind] = append(byKind[x.Kind], x)
+	}
+	var applied []outbox.Fence
+	for _, kind := range []outbox.SettleKind{outbox.SettleDone, outbox.SettleRetry, outbox.SettleDead} {
+		if len(byKind[kind]) == 0 {
+			continue
+		}
+		got, err := d.settleKind(ctx, db, t, p, kind, byKind[kind])
+		applied = append(applied, got...)
+		if err != nil {
+			return applied, fmt.Errorf("settle: %w", err)
+		}
+	}
+	return applied, nil
+}
+
+// RenewSQL returns the lease renewal: ?1 settlements as in SettleSQL (only
+// id and attempts are read), ?2 the lease in milliseconds.
+func RenewSQL(t outbox.Table) string {
+	return `UPDATE ` + QuoteTable(t) + ` AS o SET available_at = ` + now + ` + ?2 FROM ` + values +
+		` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
+}
+
+func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
+	return fenced(ctx, db, RenewSQL(t), settleRows(fenceSettlements(held)), lease.Milliseconds())
+}
+
+// count runs a statement and counts the rows it returns.
+func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, error) {
+	rows, err := db.QueryDB(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
+}
+
+func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
+	return count(ctx, db, `UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts = 0, available_at = `+now+`, settled_at = NULL, last_error = NULL
+WHERE state = 'dead' AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
+}
+
+func (*dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+	ss := make([]string, len(states))
+	for i, s := range states {
+		ss[i] = string(s)
+	}
+	return count(ctx, db, `DELETE FROM `+QuoteTable(t)+`
+WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dead') AND settled_at < `+now+` - ?2 RETURNING 1`,
+		jsonText(ss), olderThan.Milliseconds())
+}
+
+func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
+	rows, err := db.QueryDB(ctx, `SELECT topic,
+    sum(state = 'pending'), sum(state = 'processing'), sum(state = 'delivered'), sum(state = 'dead'),
+    coalesce(`+now+` - min(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), 0)
+FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outbox.TopicStats
+	for rows.Next() {
+		var s outbox.TopicStats
+		var ageMS int64
+		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &ageMS); err != nil {
+			return nil, err
+		}
+		s.OldestPending = time.Duration(ageMS) * time.Millisecond
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// ListenSQL returns "": SQLite has no notifications; relays poll.
+func (*dialect) ListenSQL(outbox.Table) string { return "" }

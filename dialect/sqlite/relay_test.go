@@ -1,0 +1,257 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/sqlite"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+func publish(t *testing.T, db *sql.DB, ob *outbox.Outbox, msgs ...outbox.Message) []outbox.ID {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := ob.PublishBatch(context.Background(), sqltx.From(tx), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]outbox.ID, len(res))
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+func runRelay(t *testing.T, r *outbox.Relay) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func relayCfg(t *testing.T) outbox.RelayConfig {
+	return outbox.RelayConfig{RetryBase: 5 * time.Millisecond, RetryCap: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+}
+
+func state(t *testing.T, db *sql.DB, id outbox.ID) (string, int) {
+	t.Helper()
+	var s string
+	var a int
+	if err := db.QueryRow(`SELECT state, attempts FROM outbox WHERE id = ?`, id.String()).Scan(&s, &a); err != nil {
+		return "gone", 0
+	}
+	return s, a
+}
+
+// TestRelayOutcomes: success deletes; a failure retries then succeeds; a
+// message failing every attempt is dead at MaxAttempts and redrive revives
+// it; Cancel and an invalid payload dead-letter at once; stats count them.
+func TestRelayOutcomes(t *testing.T) {
+	db, ob := open(t)
+	r, err := ob.Relay(sqltx.Pool(db), func() outbox.RelayConfig { c := relayCfg(t); c.MaxAttempts = 3; return c }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	var healed atomic.Bool
+	count := func(topic string) int { mu.Lock(); defer mu.Unlock(); return runs[topic] }
+	r.Handle("ok", func(ctx context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		runs["ok"]++
+		mu.Unlock()
+		return nil
+	})
+	r.Handle("flaky", func(ctx context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		runs["flaky"]++
+		mu.Unlock()
+		if d.Attempt == 1 {
+			return errors.New("first time fails")
+		}
+		return nil
+	})
+	r.Handle("broken", func(ctx context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		runs["broken"]++
+		mu.Unlock()
+		if healed.Load() {
+			return nil
+		}
+		return errors.New("always fails")
+	})
+	r.Handle("cancel", func(ctx context.Context, d outbox.Delivery) error { return outbox.Cancel(errors.New("no such customer")) })
+	outbox.HandleJSON(r, "typed", func(ctx context.Context, d outbox.Delivery, v struct{ N int }) error { return nil })
+	ok := publish(t, db, ob, outbox.Message{Topic: "ok", Payload: []byte(`{"a":1}`)}, outbox.Message{Topic: "ok"})
+	flaky := publish(t, db, ob, outbox.Message{Topic: "flaky"})
+	broken := publish(t, db, ob, outbox.Message{Topic: "broken"})
+	cancelled := publish(t, db, ob, outbox.Message{Topic: "cancel"})
+	bad := publish(t, db, ob, outbox.Message{Topic: "typed", Payload: []byte(`{"N":"x"}`)})
+	stop := runRelay(t, r)
+	waitFor(t, "ok delivered", func() bool { s, _ := state(t, db, ok[1]); return s == "gone" })
+	waitFor(t, "flaky delivered", func() bool { s, _ := state(t, db, flaky[0]); return s == "gone" })
+	waitFor(t, "broken dead", func() bool { s, _ := state(t, db, broken[0]); return s == "dead" })
+	waitFor(t, "cancelled dead", func() bool { s, _ := state(t, db, cancelled[0]); return s == "dead" })
+	waitFor(t, "invalid payload dead", func() bool { s, _ := state(t, db, bad[0]); return s == "dead" })
+	if _, a := state(t, db, broken[0]); a != 3 || count("broken") != 3 {
+		t.Errorf("broken: attempts %d, runs %d; want 3 and 3", a, count("broken"))
+	}
+	for _, id := range []outbox.ID{cancelled[0], bad[0]} {
+		if _, a := state(t, db, id); a != 1 {
+			t.Errorf("dead at once: attempts %d, want 1", a)
+		}
+	}
+	if count("flaky") != 2 || count("ok") != 2 {
+		t.Errorf("runs %v", runs)
+	}
+	stats, err := ob.Stats(context.Background(), sqltx.Pool(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := int64(0)
+	for _, s := range stats {
+		dead += s.Dead
+	}
+	if dead != 3 {
+		t.Errorf("stats count %d dead, want 3: %+v", dead, stats)
+	}
+	healed.Store(true)
+	if n, err := ob.Redrive(context.Background(), sqltx.Pool(db), "broken"); err != nil || n != 1 {
+		t.Fatalf("redrive: %d %v", n, err)
+	}
+	waitFor(t, "redriven delivered", func() bool { s, _ := state(t, db, broken[0]); return s == "gone" })
+	stop()
+	if n, err := ob.Purge(context.Background(), sqltx.Pool(db), outbox.PurgeOptions{}); err != nil || n != 2 {
+		t.Errorf("purge: %d %v, want 2 dead purged", n, err)
+	}
+}
+
+// TestRelaysShareOneFile: four relays on one SQLite file (WAL, busy
+// timeout) never hold the same (id, attempts) twice and deliver every
+// message once.
+func TestRelaysShareOneFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shared.db")
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := sqlite.Migrate(context.Background(), db, ""); err != nil {
+		t.Fatal(err)
+	}
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+	const n = 1000
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: "t"}
+	}
+	publish(t, db, ob, msgs...)
+	var mu sync.Mutex
+	seen := map[outbox.ID]int{}
+	for range 4 {
+		rdb, err := sql.Open("sqlite", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rdb.Close()
+		r, err := ob.Relay(sqltx.Pool(rdb), relayCfg(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Handle("t", func(ctx context.Context, d outbox.Delivery) error {
+			mu.Lock()
+			seen[d.ID]++
+			mu.Unlock()
+			return nil
+		})
+		runRelay(t, r)
+	}
+	waitFor(t, "all delivered", func() bool {
+		var left int
+		db.QueryRow(`SELECT count(*) FROM outbox`).Scan(&left)
+		return left == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, k := range seen {
+		if k != 1 {
+			t.Errorf("%s delivered %d times", id, k)
+		}
+	}
+	if len(seen) != n {
+		t.Errorf("%d delivered, want %d", len(seen), n)
+	}
+}
+
+// TestStaleSettleFenced: a settle for an old claim changes nothing.
+func TestStaleSettleFenced(t *testing.T) {
+	db, ob := open(t)
+	ids := publish(t, db, ob, outbox.Message{Topic: "t"})
+	d := sqlite.Dialect().(outbox.RelayDialect)
+	pdb := sqltx.Pool(db)
+	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 5, Lease: time.Millisecond, MaxAttempts: 5}
+	if cs, _, err := d.Claim(context.Background(), pdb, ob.Table(), p); err != nil || len(cs) != 1 {
+		t.Fatalf("claim: %v %v", cs, err)
+	}
+	time.Sleep(5 * time.Millisecond) // the lease lapses
+	p.Lease = time.Minute
+	cs, _, err := d.Claim(context.Background(), pdb, ob.Table(), p)
+	if err != nil || len(cs) != 1 || cs[0].Attempts != 2 {
+		t.Fatalf("reclaim: %v %v", cs, err)
+	}
+	applied, err := d.Settle(context.Background(), pdb, ob.Table(), outbox.SettleParams{},
+		[]outbox.Settlement{{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone}})
+	if err != nil || len(applied) != 0 {
+		t.Errorf("stale settle applied %v, %v", applied, err)
+	}
+	if s, a := state(t, db, ids[0]); s != "processing" || a != 2 {
+		t.Errorf("row %s attempts %d after a stale settle", s, a)
+	}
+	// The current claim's success is carried by the next claim.
+	p.Done = []outbox.Fence{{ID: ids[0], Attempts: 2}}
+	_, done, err := d.Claim(context.Background(), pdb, ob.Table(), p)
+	if err != nil || len(done) != 1 {
+		t.Fatalf("claim carrying a success: %v %v", done, err)
+	}
+	if s, _ := state(t, db, ids[0]); s != "gone" {
+		t.Errorf("carried success left the row %s", s)
+	}
+}
