@@ -117,7 +117,9 @@ func TestRelayOutcomes(t *testing.T) {
 		}
 		return errors.New("always fails")
 	})
-	r.Handle("cancel", func(ctx context.Context, d outbox.Delivery) error { return outbox.Cancel(errors.New("no such customer")) })
+	r.Handle("cancel", func(ctx context.Context, d outbox.Delivery) error {
+		return outbox.Cancel(errors.New("no such customer"))
+	})
 	outbox.HandleJSON(r, "typed", func(ctx context.Context, d outbox.Delivery, v struct{ N int }) error { return nil })
 	ok := publish(t, db, ob, outbox.Message{Topic: "ok", Payload: []byte(`{"a":1}`)}, outbox.Message{Topic: "ok"})
 	flaky := publish(t, db, ob, outbox.Message{Topic: "flaky"})
