@@ -1,5 +1,7 @@
-// Command quickstart shows the producer half of the transactional outbox on
-// an embedded SQLite file: no server, no cgo.
+// Command quickstart shows the transactional outbox end to end on an
+// embedded SQLite file (no server, no cgo): messages written in the same
+// transaction as the business rows, then delivered by a relay with a retry
+// and a dead letter.
 //
 //	go run ./examples/quickstart
 package main
@@ -9,8 +11,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
@@ -122,27 +127,121 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println("   order A-1004 committed in the same transaction")
 
-	fmt.Println("\n5. The outbox table now holds one message per committed order, due at once:")
-	rows, err := db.QueryContext(ctx, `SELECT id, topic, message_key, state, attempts, available_at FROM outbox ORDER BY available_at, id`)
+	fmt.Println("\n   One more transaction: an invoice message for A-1002 whose payload lacks a billing address.")
+	tx, err = db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "invoice.issued", Key: "A-1002", Payload: []byte(`{"order_id":"A-1002"}`)}); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+
+	fmt.Println("\n5. The outbox table holds one message per committed publish, all pending:")
+	if err := printTable(ctx, db); err != nil {
+		return err
+	}
+
+	fmt.Println("\n6. A relay claims them and runs the handlers, outside any transaction:")
+	relay, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{
+		PollInterval: 50 * time.Millisecond,
+		RetryBase:    200 * time.Millisecond, RetryCap: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), // the handlers below tell the story
+	})
+	if err != nil {
+		return err
+	}
+	var mailFailed atomic.Bool
+	type orderPlaced struct {
+		OrderID string `json:"order_id"`
+		Email   string `json:"email"`
+	}
+	err = outbox.HandleJSON(relay, "order.placed", func(ctx context.Context, d outbox.Delivery, o orderPlaced) error {
+		if o.OrderID == "A-1002" && mailFailed.CompareAndSwap(false, true) {
+			fmt.Printf("   order.placed   %s attempt %d: mail server busy -> error, retried after a backoff\n", o.OrderID, d.Attempt)
+			return errors.New("mail server busy")
+		}
+		fmt.Printf("   order.placed   %s attempt %d: confirmation sent to %s (idempotency key %s)\n", o.OrderID, d.Attempt, o.Email, d.ID)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	type invoice struct {
+		OrderID        string `json:"order_id"`
+		BillingAddress string `json:"billing_address"`
+	}
+	err = outbox.HandleJSON(relay, "invoice.issued", func(ctx context.Context, d outbox.Delivery, inv invoice) error {
+		if inv.BillingAddress == "" {
+			fmt.Printf("   invoice.issued %s attempt %d: no billing address -> outbox.Cancel: dead-lettered, no retry\n", inv.OrderID, d.Attempt)
+			return outbox.Cancel(errors.New("no billing address"))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		stats, err := ob.Stats(ctx, sqltx.Pool(db))
+		if err != nil {
+			stop()
+			return err
+		}
+		var live int64
+		for _, st := range stats {
+			live += st.Pending + st.Processing
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return errors.New("the relay did not finish in 20s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop() // Run drains: outcomes are written before it returns
+	if err := <-done; err != nil {
+		return err
+	}
+
+	fmt.Println("\n7. Delivered messages are gone; the dead letter stays for inspection and redrive:")
+	if err := printTable(ctx, db); err != nil {
+		return err
+	}
+	fmt.Println("\nDelivery is at least once: a crash between a handler's success and its outcome")
+	fmt.Println("being written runs the handler again with the same id, so handlers use d.ID as")
+	fmt.Println("their idempotency key. Every replica may run a relay; on PostgreSQL they claim with")
+	fmt.Println("FOR UPDATE SKIP LOCKED and wake on NOTIFY (see README.md).")
+	return nil
+}
+
+// printTable prints the outbox table.
+func printTable(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, `SELECT id, topic, message_key, state, attempts, coalesce(last_error, '') FROM outbox ORDER BY created_at, id`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	fmt.Printf("   %-36s  %-12s  %-6s  %-7s  %-8s  %s\n", "id", "topic", "key", "state", "attempts", "available_at (database clock)")
+	fmt.Printf("   %-36s  %-14s  %-6s  %-10s  %-8s  %s\n", "id", "topic", "key", "state", "attempts", "last_error")
+	n := 0
 	for rows.Next() {
-		var id, topic, key, state string
+		var id, topic, key, state, lastErr string
 		var attempts int
-		var at int64
-		if err := rows.Scan(&id, &topic, &key, &state, &attempts, &at); err != nil {
+		if err := rows.Scan(&id, &topic, &key, &state, &attempts, &lastErr); err != nil {
 			return err
 		}
-		fmt.Printf("   %-36s  %-12s  %-6s  %-7s  %-8d  %s\n", id, topic, key, state, attempts, time.UnixMilli(at).UTC().Format(time.RFC3339Nano))
+		fmt.Printf("   %-36s  %-14s  %-6s  %-10s  %-8d  %s\n", id, topic, key, state, attempts, lastErr)
+		n++
 	}
-	if err := rows.Err(); err != nil {
-		return err
+	if n == 0 {
+		fmt.Println("   (no rows)")
 	}
-	fmt.Println("\nThe id each Publish returned is the id stored in the table, in the same text form;")
-	fmt.Println("it is the idempotency key a handler uses. A relay claims these rows and delivers")
-	fmt.Println("them at least once; the PostgreSQL relay is in the README, the SQLite relay is next.")
-	return nil
+	return rows.Err()
 }
