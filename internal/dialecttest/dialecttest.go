@@ -1,0 +1,417 @@
+// Package dialecttest is the conformance suite every dialect and driver
+// pair runs: the same promises, proven on PostgreSQL with lib/pq, with pgx's
+// stdlib driver and with native pgx, and on SQLite. A new dialect passes it
+// before it ships.
+package dialecttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// Txn is one open business transaction.
+type Txn struct {
+	Tx       outbox.Tx
+	Commit   func() error
+	Rollback func() error
+}
+
+// Store is a fresh outbox table for one test.
+type Store struct {
+	// Table is the table's name for outbox.Config.Table.
+	Table string
+	// DB runs the relay and the operations.
+	DB outbox.DB
+	// Begin opens a business transaction.
+	Begin func(t *testing.T) Txn
+	// Count counts the rows of the table matching where (SQL, literals only).
+	Count func(t *testing.T, where string) int
+}
+
+// Harness is one dialect and driver pair.
+type Harness struct {
+	Dialect outbox.Dialect
+	// New returns a fresh, migrated store, cleaned up when t ends.
+	New func(t *testing.T) *Store
+	// Parallel runs the tests in parallel (not for single-file SQLite
+	// databases shared by every test).
+	Parallel bool
+}
+
+type env struct {
+	*Store
+	ob *outbox.Outbox
+	rd outbox.RelayDialect
+}
+
+// Run runs the suite.
+func Run(t *testing.T, h Harness) {
+	for _, tc := range []struct {
+		name string
+		f    func(t *testing.T, e *env)
+	}{
+		{"PublishAtomicity", publishAtomicity},
+		{"Dedup", dedup},
+		{"Delay", delay},
+		{"ClaimLimitsAndDisjointness", claimLimits},
+		{"LeaseReclaim", leaseReclaim},
+		{"Fencing", fencing},
+		{"RetryThenSuccess", retryThenSuccess},
+		{"DeadLetterAndRedrive", deadLetterAndRedrive},
+		{"CancelAndInvalidPayload", cancelAndInvalid},
+		{"Purge", purge},
+		{"KeepDelivered", keepDelivered},
+		{"ShutdownDrain", shutdownDrain},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if h.Parallel {
+				t.Parallel()
+			}
+			s := h.New(t)
+			ob, err := outbox.New(h.Dialect, outbox.Config{Table: s.Table})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rd, ok := h.Dialect.(outbox.RelayDialect)
+			if !ok {
+				t.Fatalf("%s has no relay", h.Dialect.Name())
+			}
+			tc.f(t, &env{Store: s, ob: ob, rd: rd})
+		})
+	}
+}
+
+func (e *env) publish(t *testing.T, msgs ...outbox.Message) []outbox.Result {
+	t.Helper()
+	tx := e.Begin(t)
+	res, err := e.ob.PublishBatch(context.Background(), tx.Tx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func (e *env) count(t *testing.T, where string) int { t.Helper(); return e.Count(t, where) }
+
+func idIs(id outbox.ID) string { return fmt.Sprintf("id = '%s'", id) }
+
+func (e *env) relay(t *testing.T, cfg outbox.RelayConfig, handlers map[string]outbox.Handler) (stop func()) {
+	t.Helper()
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	if cfg.RetryBase == 0 {
+		cfg.RetryBase, cfg.RetryCap = 5*time.Millisecond, 10*time.Millisecond
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	r, err := e.ob.Relay(e.DB, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for topic, h := range handlers {
+		if err := r.Handle(topic, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func publishAtomicity(t *testing.T, e *env) {
+	ctx := context.Background()
+	tx := e.Begin(t)
+	res, err := e.ob.Publish(ctx, tx.Tx, outbox.Message{Topic: "t", Key: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	tx = e.Begin(t)
+	if _, err := e.ob.Publish(ctx, tx.Tx, outbox.Message{Topic: "t", Key: "dropped"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, idIs(res.ID)+" AND message_key = 'kept'"); n != 1 {
+		t.Errorf("committed message stored %d times, want 1", n)
+	}
+	if n := e.count(t, "message_key = 'dropped'"); n != 0 {
+		t.Errorf("rolled-back message stored %d times", n)
+	}
+	if _, err := e.ob.Publish(ctx, tx.Tx, outbox.Message{Topic: "t"}); !errors.Is(err, outbox.ErrTxDone) {
+		t.Errorf("publish on a finished transaction: %v", err)
+	}
+}
+
+func dedup(t *testing.T, e *env) {
+	res := e.publish(t, outbox.Message{Topic: "t", DedupKey: "k"}, outbox.Message{Topic: "t", DedupKey: "k"})
+	again := e.publish(t, outbox.Message{Topic: "t", DedupKey: "k"})
+	if res[0].Duplicate || !res[1].Duplicate || !again[0].Duplicate {
+		t.Errorf("duplicates reported %v %v", res, again)
+	}
+	if n := e.count(t, "dedup_key = 'k'"); n != 1 {
+		t.Errorf("%d rows for one dedup key", n)
+	}
+}
+
+func claim(t *testing.T, e *env, p outbox.ClaimParams) []outbox.Claimed {
+	t.Helper()
+	cs, _, err := e.rd.Claim(context.Background(), e.DB, e.ob.Table(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func delay(t *testing.T, e *env) {
+	res := e.publish(t, outbox.Message{Topic: "t", Delay: time.Hour}, outbox.Message{Topic: "t"},
+		outbox.Message{Topic: "t", NotBefore: time.Now().Add(time.Hour)})
+	cs := claim(t, e, outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+	if len(cs) != 1 || cs[0].ID != res[1].ID {
+		t.Errorf("claimed %v, want only the immediate message", cs)
+	}
+}
+
+func claimLimits(t *testing.T, e *env) {
+	const n = 300
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: "t"}
+	}
+	e.publish(t, msgs...)
+	var mu sync.Mutex
+	seen := map[outbox.ID]bool{}
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				limit := 1 + (w*7+i)%13
+				cs, _, err := e.rd.Claim(context.Background(), e.DB, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 3})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(cs) > limit {
+					t.Errorf("claim with limit %d took %d", limit, len(cs))
+				}
+				if len(cs) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, c := range cs {
+					if seen[c.ID] {
+						t.Errorf("%s claimed twice", c.ID)
+					}
+					seen[c.ID] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != n {
+		t.Errorf("%d claimed, want %d", len(seen), n)
+	}
+}
+
+func leaseReclaim(t *testing.T, e *env) {
+	res := e.publish(t, outbox.Message{Topic: "t"})
+	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 3}
+	if cs := claim(t, e, p); len(cs) != 1 || cs[0].Attempts != 1 {
+		t.Fatalf("first claim %v", cs)
+	}
+	if cs := claim(t, e, p); len(cs) != 0 {
+		t.Fatalf("claimed again within the lease: %v", cs)
+	}
+	time.Sleep(120 * time.Millisecond)
+	cs := claim(t, e, p)
+	if len(cs) != 1 || cs[0].ID != res[0].ID || cs[0].Attempts != 2 {
+		t.Fatalf("after the lease: %v, want attempt 2", cs)
+	}
+	time.Sleep(120 * time.Millisecond)
+	cs = claim(t, e, p)
+	if len(cs) != 1 || cs[0].Attempts != 3 {
+		t.Fatalf("third claim %v", cs)
+	}
+	time.Sleep(120 * time.Millisecond)
+	cs = claim(t, e, p) // attempts reached MaxAttempts: dead at claim
+	if len(cs) != 1 || !cs[0].Dead || cs[0].Attempts != 3 {
+		t.Fatalf("claim past max attempts: %v, want dead at 3", cs)
+	}
+	if n := e.count(t, idIs(res[0].ID)+" AND state = 'dead' AND attempts = 3"); n != 1 {
+		t.Error("not dead-lettered at claim")
+	}
+}
+
+func fencing(t *testing.T, e *env) {
+	res := e.publish(t, outbox.Message{Topic: "t"})
+	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 5}
+	claim(t, e, p)
+	time.Sleep(120 * time.Millisecond)
+	p.Lease = time.Minute
+	claim(t, e, p)
+	ctx := context.Background()
+	for _, kind := range []outbox.SettleKind{outbox.SettleDone, outbox.SettleRetry, outbox.SettleDead} {
+		applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 1}, Kind: kind, Error: "stale"}})
+		if err != nil || len(applied) != 0 {
+			t.Errorf("stale settle kind %d applied %v, %v", kind, applied, err)
+		}
+	}
+	if n := e.count(t, idIs(res[0].ID)+" AND state = 'processing' AND attempts = 2"); n != 1 {
+		t.Error("a stale settle changed the row")
+	}
+	applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 2}, Kind: outbox.SettleDead, Error: "x"}})
+	if err != nil || len(applied) != 1 {
+		t.Fatalf("current settle: %v %v", applied, err)
+	}
+	applied, _ = e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 2}, Kind: outbox.SettleRetry}})
+	if len(applied) != 0 || e.count(t, idIs(res[0].ID)+" AND state = 'dead'") != 1 {
+		t.Error("a dead message came back")
+	}
+}
+
+func retryThenSuccess(t *testing.T, e *env) {
+	var runs atomic.Int32
+	e.relay(t, outbox.RelayConfig{}, map[string]outbox.Handler{"t": func(ctx context.Context, d outbox.Delivery) error {
+		runs.Add(1)
+		if d.Attempt == 1 {
+			return errors.New("once")
+		}
+		return nil
+	}})
+	e.publish(t, outbox.Message{Topic: "t"})
+	waitFor(t, "delivered", func() bool { return e.count(t, "") == 0 })
+	if runs.Load() != 2 {
+		t.Errorf("%d runs, want 2", runs.Load())
+	}
+}
+
+func deadLetterAndRedrive(t *testing.T, e *env) {
+	var healed atomic.Bool
+	var runs atomic.Int32
+	e.relay(t, outbox.RelayConfig{MaxAttempts: 3}, map[string]outbox.Handler{"t": func(ctx context.Context, d outbox.Delivery) error {
+		runs.Add(1)
+		if healed.Load() {
+			return nil
+		}
+		return errors.New("broken")
+	}})
+	res := e.publish(t, outbox.Message{Topic: "t"})
+	waitFor(t, "dead", func() bool { return e.count(t, idIs(res[0].ID)+" AND state = 'dead' AND attempts = 3") == 1 })
+	if runs.Load() != 3 {
+		t.Errorf("%d runs before dead, want 3", runs.Load())
+	}
+	healed.Store(true)
+	if n, err := e.ob.Redrive(context.Background(), e.DB, ""); err != nil || n != 1 {
+		t.Fatalf("redrive %d %v", n, err)
+	}
+	waitFor(t, "delivered after redrive", func() bool { return e.count(t, "") == 0 })
+}
+
+func cancelAndInvalid(t *testing.T, e *env) {
+	r := map[string]outbox.Handler{"cancel": func(ctx context.Context, d outbox.Delivery) error { return outbox.Cancel(errors.New("no")) }}
+	e.relay(t, outbox.RelayConfig{MaxAttempts: 5}, r)
+	res := e.publish(t, outbox.Message{Topic: "cancel"})
+	waitFor(t, "dead", func() bool { return e.count(t, idIs(res[0].ID)+" AND state = 'dead' AND attempts = 1") == 1 })
+
+	// Invalid payload through a typed handler, on a relay of its own.
+	rl, err := e.ob.Relay(e.DB, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outbox.HandleJSON(rl, "typed", func(ctx context.Context, d outbox.Delivery, v struct{ N int }) error { return nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	bad := e.publish(t, outbox.Message{Topic: "typed", Payload: []byte(`{"N":"not a number"}`)})
+	waitFor(t, "invalid payload dead", func() bool {
+		return e.count(t, idIs(bad[0].ID)+" AND state = 'dead' AND attempts = 1") == 1
+	})
+}
+
+func purge(t *testing.T, e *env) {
+	stop := e.relay(t, outbox.RelayConfig{KeepDelivered: outbox.Forever}, map[string]outbox.Handler{
+		"ok":  func(context.Context, outbox.Delivery) error { return nil },
+		"bad": func(context.Context, outbox.Delivery) error { return outbox.Cancel(errors.New("no")) },
+	})
+	e.publish(t, outbox.Message{Topic: "ok"}, outbox.Message{Topic: "ok"}, outbox.Message{Topic: "bad"}, outbox.Message{Topic: "later", Delay: time.Hour})
+	waitFor(t, "settled", func() bool { return e.count(t, "state IN ('delivered', 'dead')") == 3 })
+	stop()
+	ctx := context.Background()
+	if n, err := e.ob.Purge(ctx, e.DB, outbox.PurgeOptions{OlderThan: time.Hour}); err != nil || n != 0 {
+		t.Errorf("purge older than an hour: %d %v", n, err)
+	}
+	if n, err := e.ob.Purge(ctx, e.DB, outbox.PurgeOptions{States: []outbox.State{outbox.StateDead}}); err != nil || n != 1 {
+		t.Errorf("purge dead: %d %v", n, err)
+	}
+	if n, err := e.ob.Purge(ctx, e.DB, outbox.PurgeOptions{}); err != nil || n != 2 {
+		t.Errorf("purge delivered: %d %v", n, err)
+	}
+	if n := e.count(t, ""); n != 1 {
+		t.Errorf("%d rows left, want the pending one", n)
+	}
+}
+
+func keepDelivered(t *testing.T, e *env) {
+	e.relay(t, outbox.RelayConfig{KeepDelivered: outbox.Forever}, map[string]outbox.Handler{"t": func(context.Context, outbox.Delivery) error { return nil }})
+	res := e.publish(t, outbox.Message{Topic: "t"})
+	waitFor(t, "delivered and kept", func() bool { return e.count(t, idIs(res[0].ID)+" AND state = 'delivered'") == 1 })
+}
+
+func shutdownDrain(t *testing.T, e *env) {
+	var started atomic.Int32
+	stop := e.relay(t, outbox.RelayConfig{ShutdownGrace: 5 * time.Second}, map[string]outbox.Handler{"t": func(ctx context.Context, d outbox.Delivery) error {
+		started.Add(1)
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	}})
+	msgs := make([]outbox.Message, 20)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: "t"}
+	}
+	e.publish(t, msgs...)
+	waitFor(t, "all in flight", func() bool { return started.Load() == 20 })
+	stop()
+	if n := e.count(t, ""); n != 0 {
+		t.Errorf("%d messages left after a drained shutdown", n)
+	}
+}

@@ -1,0 +1,61 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/internal/pgtest"
+)
+
+// TestConformance runs the conformance suite on PostgreSQL through lib/pq,
+// pgx's stdlib driver and native pgx.
+func TestConformance(t *testing.T) {
+	for _, driver := range []string{"libpq", "pgxstdlib", "pgxpool"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			dialecttest.Run(t, dialecttest.Harness{
+				Dialect:  postgres.Dialect(),
+				Parallel: true,
+				New: func(t *testing.T) *dialecttest.Store {
+					schema := pgtest.Schema(t)
+					table := schema + ".outbox"
+					if err := postgres.Migrate(context.Background(), pgtest.Admin(t), table); err != nil {
+						t.Fatal(err)
+					}
+					s := &dialecttest.Store{Table: table, Count: func(t *testing.T, where string) int { return count(t, table, where) }}
+					switch driver {
+					case "pgxpool":
+						p := pgtest.Pool(t)
+						s.DB = pgxtx.Pool(p)
+						s.Begin = func(t *testing.T) dialecttest.Txn {
+							tx, err := p.Begin(context.Background())
+							if err != nil {
+								t.Fatal(err)
+							}
+							x := pgxTxFrom(tx, t)
+							return dialecttest.Txn{Tx: x.tx, Commit: x.commit, Rollback: x.rollback}
+						}
+					default:
+						name := map[string]string{"libpq": "postgres", "pgxstdlib": "pgx"}[driver]
+						db := pgtest.Open(t, name)
+						s.DB = sqltx.Pool(db)
+						s.Begin = func(t *testing.T) dialecttest.Txn {
+							tx, err := db.Begin()
+							if err != nil {
+								t.Fatal(err)
+							}
+							t.Cleanup(func() { _ = tx.Rollback() })
+							return dialecttest.Txn{Tx: sqltx.From(tx), Commit: tx.Commit, Rollback: tx.Rollback}
+						}
+					}
+					return s
+				},
+			})
+		})
+	}
+}
+
