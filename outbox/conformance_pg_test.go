@@ -58,4 +58,3 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
-
