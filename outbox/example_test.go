@@ -5,6 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
@@ -122,9 +125,58 @@ func ExampleOutbox_PublishBatch() {
 	// message 2 duplicate=false
 }
 
-// A relay in every replica delivers the messages (this example needs a
-// PostgreSQL server, so it is compiled but not run).
+// A relay delivers the messages: a handler per topic, Run until the context
+// ends. Here on SQLite, with a handler that fails once and is retried.
 func ExampleOutbox_Relay() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+
+	tx, _ := db.BeginTx(ctx, nil)
+	_, _ = ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed", Payload: []byte(`{"order_id":"A-1"}`)})
+	_ = tx.Commit()
+
+	relay, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{
+		RetryBase: time.Millisecond, RetryCap: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		panic(err)
+	}
+	delivered := make(chan struct{})
+	type orderPlaced struct {
+		OrderID string `json:"order_id"`
+	}
+	_ = outbox.HandleJSON(relay, "order.placed", func(ctx context.Context, d outbox.Delivery, o orderPlaced) error {
+		if d.Attempt == 1 {
+			fmt.Println("attempt 1 for", o.OrderID, "fails")
+			return errors.New("mail server busy")
+		}
+		fmt.Println("attempt", d.Attempt, "for", o.OrderID, "succeeds")
+		close(delivered)
+		return nil
+	})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	<-delivered
+	stop()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	var left int
+	_ = db.QueryRowContext(ctx, `SELECT count(*) FROM outbox`).Scan(&left)
+	fmt.Println("messages left:", left)
+	// Output:
+	// attempt 1 for A-1 fails
+	// attempt 2 for A-1 succeeds
+	// messages left: 0
+}
+
+// On PostgreSQL a relay takes a pgx pool (or sqltx.Pool(db)) and wakes on
+// NOTIFY. This example needs a server, so it is compiled but not run.
+func ExampleOutbox_Relay_postgres() {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	pool, err := pgxpool.New(ctx, "postgres://127.0.0.1:5432/app")
