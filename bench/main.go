@@ -12,6 +12,8 @@
 //   - latency: commit-to-handler latency with NOTIFY, one publish every 5 ms.
 //   - memory: the relay's heap while it drains 10,000 messages from a backlog
 //     of 10k, 100k and 1M rows.
+//   - sqlite: on a SQLite file (WAL, synchronous=NORMAL), publish beside a raw
+//     INSERT, and one relay draining 50,000 messages beside a raw-SQL loop.
 //
 // Diagnostics, run only when named with -only:
 //
@@ -79,6 +81,9 @@ func main() {
 	fmt.Printf("oncommit bench: %s, GOMAXPROCS=%d, %s\n", time.Now().UTC().Format(time.RFC3339), runtime.GOMAXPROCS(0), serverVersion(ctx, pool))
 	if *only == "" || *only == "drain" {
 		drain(ctx, pool)
+	}
+	if *only == "" || *only == "sqlite" {
+		sqliteBench(ctx)
 	}
 	if *only == "stmt" {
 		stmts(ctx, pool)

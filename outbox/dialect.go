@@ -106,9 +106,11 @@ type RelayDialect interface {
 	// p.MaxAttempts attempts is dead-lettered instead and returned with
 	// Dead set, without its attempts growing.
 	//
-	// In the same commit it settles p.Done as successes (fenced as in
-	// Settle) and returns the fences that applied: under load the relay
-	// writes its outcomes with its next claim, one commit for both.
+	// It also settles p.Done as successes (fenced as in Settle) and returns
+	// the fences that applied: under load the relay writes its outcomes with
+	// its next claim. PostgreSQL does both in one statement and one commit;
+	// a dialect whose commits are cheap may use two statements. If Claim
+	// fails, the relay writes p.Done again later (fenced, so harmlessly).
 	Claim(ctx context.Context, db DB, t Table, p ClaimParams) (claimed []Claimed, done []Fence, err error)
 
 	// Settle applies settlements, each fenced by (id, attempts) and state

@@ -43,26 +43,19 @@ func jsonText(v any) string {
 	return string(b)
 }
 
+// Claim settles p.Done, then claims, as two statements: on SQLite a commit
+// is cheap (WAL), and each statement takes the write lock on its own, so
+// there is nothing to gain from one transaction for both.
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
-	var claimed []outbox.Claimed
 	var done []outbox.Fence
-	run := func(db outbox.DB) error {
+	if len(p.Done) > 0 {
 		var err error
-		if len(p.Done) > 0 {
-			kind := outbox.SettleDone
-			if done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, kind, fenceSettlements(p.Done)); err != nil {
-				return err
-			}
+		done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, outbox.SettleDone, fenceSettlements(p.Done))
+		if err != nil {
+			return nil, nil, err
 		}
-		claimed, err = claim(ctx, db, t, p)
-		return err
 	}
-	if txdb, ok := db.(outbox.TxDB); ok && len(p.Done) > 0 {
-		// Settle and claim in one commit, as on PostgreSQL.
-		err := txdb.InTx(ctx, "BEGIN IMMEDIATE", run)
-		return claimed, done, err
-	}
-	err := run(db)
+	claimed, err := claim(ctx, db, t, p)
 	return claimed, done, err
 }
 

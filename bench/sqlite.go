@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/sqlite"
+	"github.com/oncommit/oncommit/outbox"
+	_ "modernc.org/sqlite"
+)
+
+// sqliteFile opens a fresh SQLite file (WAL, busy timeout) with the outbox
+// table.
+func sqliteFile(ctx context.Context, dir, name string) (*sql.DB, *outbox.Outbox) {
+	path := filepath.Join(dir, name+".db")
+	os.Remove(path)
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)")
+	check(err)
+	check(sqlite.Migrate(ctx, db, ""))
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
+	check(err)
+	return db, ob
+}
+
+func sqliteFill(ctx context.Context, db *sql.DB, ob *outbox.Outbox, n int) {
+	batch := make([]outbox.Message, 1000)
+	for i := range batch {
+		batch[i] = outbox.Message{Topic: "bench", Payload: []byte(`{"order_id":"0193a1f2","total_cents":4200}`)}
+	}
+	for left := n; left > 0; left -= len(batch) {
+		tx, err := db.BeginTx(ctx, nil)
+		check(err)
+		_, err = ob.PublishBatch(ctx, sqltx.From(tx), batch[:min(left, len(batch))])
+		check(err)
+		check(tx.Commit())
+	}
+}
+
+// sqliteBench measures, on SQLite, publish beside a raw INSERT and the
+// drain of one relay beside a raw-SQL loop (claim 100 with UPDATE ...
+// RETURNING, delete by ids), in interleaved rounds.
+func sqliteBench(ctx context.Context) {
+	dir, err := os.MkdirTemp("", "oncommit-bench-sqlite-")
+	check(err)
+	defer os.RemoveAll(dir)
+	const ops = 20000
+	payload := []byte(`{"order_id":"0193a1f2","email":"someone@example.com","total_cents":4200}`)
+	fmt.Printf("\n== sqlite publish: %d single-message statements in transactions of 500 (µs/op), %d rounds\n", ops, *rounds)
+	var pubRatios []float64
+	for round := 1; round <= *rounds; round++ {
+		timeIt := func(op func(tx *sql.Tx, ob *outbox.Outbox)) float64 {
+			db, ob := sqliteFile(ctx, dir, "pub")
+			defer db.Close()
+			t0 := time.Now()
+			tx, err := db.BeginTx(ctx, nil)
+			check(err)
+			for i := range ops {
+				op(tx, ob)
+				if i%500 == 499 {
+					check(tx.Commit())
+					tx, err = db.BeginTx(ctx, nil)
+					check(err)
+				}
+			}
+			check(tx.Commit())
+			return float64(time.Since(t0).Microseconds()) / ops
+		}
+		raw := timeIt(func(tx *sql.Tx, ob *outbox.Outbox) {
+			_, err := tx.ExecContext(ctx, `INSERT INTO "outbox" (id, topic, message_key, payload) VALUES (?1, ?2, ?3, ?4)`,
+				outbox.NewID().String(), "order.placed", "0193a1f2", string(payload))
+			check(err)
+		})
+		pub := timeIt(func(tx *sql.Tx, ob *outbox.Outbox) {
+			_, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed", Key: "0193a1f2", Payload: payload})
+			check(err)
+		})
+		pubRatios = append(pubRatios, pub/raw)
+		fmt.Printf("round %d raw-insert %.1f µs/op, publish %.1f µs/op, publish/raw %.2fx\n", round, raw, pub, pub/raw)
+	}
+	fmt.Printf("median publish/raw = %.2fx\n", median(pubRatios))
+
+	fmt.Printf("\n== sqlite drain: %d messages, no-op handler, one relay beside the raw loop (seconds), %d rounds\n", *n, *rounds)
+	var drainRatios []float64
+	for round := 1; round <= *rounds; round++ {
+		db, ob := sqliteFile(ctx, dir, "drain-raw")
+		sqliteFill(ctx, db, ob, *n)
+		t0 := time.Now()
+		claim := `UPDATE "outbox" SET state = 'processing', attempts = attempts + 1, available_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000
+WHERE id IN (SELECT id FROM "outbox" WHERE state IN ('pending', 'processing') AND available_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) AND topic = 'bench'
+ORDER BY available_at, id LIMIT 100) RETURNING id`
+		for {
+			rows, err := db.QueryContext(ctx, claim)
+			check(err)
+			var ids []string
+			for rows.Next() {
+				var id string
+				check(rows.Scan(&id))
+				ids = append(ids, id)
+			}
+			check(rows.Err())
+			if len(ids) == 0 {
+				break
+			}
+			b, _ := json.Marshal(ids)
+			_, err = db.ExecContext(ctx, `DELETE FROM "outbox" WHERE id IN (SELECT value FROM json_each(?1))`, string(b))
+			check(err)
+		}
+		raw := time.Since(t0).Seconds()
+		db.Close()
+
+		db, ob = sqliteFile(ctx, dir, "drain-relay")
+		sqliteFill(ctx, db, ob, *n)
+		var done atomic.Int64
+		finished := make(chan struct{})
+		r, err := ob.Relay(timedDB{sqltx.Pool(db)}, outbox.RelayConfig{Logger: quiet, Tracer: stats})
+		check(err)
+		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
+			if done.Add(1) == int64(*n) {
+				close(finished)
+			}
+			return nil
+		}))
+		rctx, cancel := context.WithCancel(ctx)
+		runDone := make(chan error, 1)
+		t0 = time.Now()
+		go func() { runDone <- r.Run(rctx) }()
+		<-finished
+		cancel()
+		check(<-runDone)
+		rel := time.Since(t0).Seconds()
+		var left int
+		check(db.QueryRowContext(ctx, `SELECT count(*) FROM outbox`).Scan(&left))
+		if left != 0 {
+			check(fmt.Errorf("relay left %d rows", left))
+		}
+		db.Close()
+		drainRatios = append(drainRatios, raw/rel)
+		fmt.Printf("round %d raw-loop %.2fs (%.0f msg/s), relay %.2fs (%.0f msg/s), relay/raw throughput %.2fx (%s)\n",
+			round, raw, float64(*n)/raw, rel, float64(*n)/rel, raw/rel, stats)
+	}
+	fmt.Printf("median relay/raw throughput = %.2fx\n", median(drainRatios))
+}
