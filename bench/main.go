@@ -88,6 +88,9 @@ func main() {
 	if *only == "stmt" {
 		stmts(ctx, pool)
 	}
+	if *only == "sqlite-stmt" {
+		sqliteStmts(ctx)
+	}
 	if *only == "variants" {
 		variants(ctx, pool)
 	}

@@ -147,3 +147,54 @@ ORDER BY available_at, id LIMIT 100) RETURNING id`
 	}
 	fmt.Printf("median relay/raw throughput = %.2fx\n", median(drainRatios))
 }
+
+// sqliteStmts drains a SQLite file with the dialect's claim statements
+// alone (successes carried by the next claim), sequentially: the SQL cost
+// without the relay's goroutines.
+func sqliteStmts(ctx context.Context) {
+	dir, err := os.MkdirTemp("", "oncommit-bench-sqlite-")
+	check(err)
+	defer os.RemoveAll(dir)
+	d := sqlite.Dialect().(outbox.RelayDialect)
+	for round := 1; round <= *rounds; round++ {
+		db, ob := sqliteFile(ctx, dir, "stmt")
+		sqliteFill(ctx, db, ob, *n)
+		pdb := sqltx.Pool(db)
+		var done []outbox.Fence
+		t0 := time.Now()
+		for {
+			claimed, _, err := d.Claim(ctx, pdb, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
+			check(err)
+			if len(claimed) == 0 {
+				break
+			}
+			done = done[:0]
+			for _, c := range claimed {
+				done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+			}
+		}
+		carried := time.Since(t0)
+		db.Close()
+
+		db, ob = sqliteFile(ctx, dir, "stmt")
+		sqliteFill(ctx, db, ob, *n)
+		pdb = sqltx.Pool(db)
+		t0 = time.Now()
+		for {
+			claimed, _, err := d.Claim(ctx, pdb, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10})
+			check(err)
+			if len(claimed) == 0 {
+				break
+			}
+			ids := make([]string, len(claimed))
+			for i, c := range claimed {
+				ids[i] = c.ID.String()
+			}
+			b, _ := json.Marshal(ids)
+			_, err = db.ExecContext(ctx, `DELETE FROM "outbox" WHERE id IN (SELECT value FROM json_each(?1))`, string(b))
+			check(err)
+		}
+		fmt.Printf("round %d claim statements carrying settles: %.2fs; claim statement + raw delete: %.2fs\n", round, carried.Seconds(), time.Since(t0).Seconds())
+		db.Close()
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/oncommit/oncommit/outbox"
@@ -136,11 +137,15 @@ const values = `(SELECT value->>0 AS id, value->>1 AS attempts, value->>2 AS del
 
 // SettleSQL returns the fenced settle statements for table t, each over
 // ?1, the settlements as a JSON array of [id, attempts, delay ms, at ms,
-// error]: done (delete or mark delivered), retry, dead (mark or delete).
+// error] (and, for the two deletes, ?2, their "id:attempts" keys as a JSON
+// array): done (delete or mark delivered), retry, dead (mark or delete).
 func SettleSQL(t outbox.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
 	tbl := QuoteTable(t)
 	const fence = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
-	pairs := ` AND (id, attempts) IN (SELECT value->>0, value->>1 FROM json_each(?1)) RETURNING id, attempts`
+	// ?2 lists "id:attempts" keys: IN (subquery) is evaluated once into a
+	// lookup table, where a row-value IN over json_each compares every pair
+	// with every row; id IN ... lets the primary key find the rows.
+	pairs := ` AND id IN (SELECT value->>0 FROM json_each(?1)) AND id || ':' || attempts IN (SELECT value FROM json_each(?2)) RETURNING id, attempts`
 	deleteDone = `DELETE FROM ` + tbl + ` WHERE state = 'processing'` + pairs
 	markDelivered = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = ` + now + `, last_error = NULL FROM ` + values + fence
 	retry = `UPDATE ` + tbl + ` AS o SET state = 'pending', last_error = v.err,
@@ -160,7 +165,19 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 	if kind == outbox.SettleDead && p.DiscardDead {
 		q = deleteDead
 	}
+	if q == deleteDone || q == deleteDead {
+		return fenced(ctx, db, q, settleRows(s), fenceKeys(s))
+	}
 	return fenced(ctx, db, q, settleRows(s))
+}
+
+// fenceKeys is the JSON array of "id:attempts" keys of s.
+func fenceKeys(s []outbox.Settlement) string {
+	keys := make([]string, len(s))
+	for i, x := range s {
+		keys[i] = x.ID.String() + ":" + strconv.Itoa(x.Attempts)
+	}
+	return jsonText(keys)
 }
 
 func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
