@@ -194,7 +194,7 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) {
 		p, err := pgxpool.New(ctx, *url)
 		check(err)
 		defer p.Close()
-		r, err := ob.Relay(timedDB{pgxtx.Pool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, Tracer: stats})
+		r, err := ob.Relay(timedDB{pgxtx.Pool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, BatchSize: batchSize, Tracer: stats})
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(total) {
@@ -343,8 +343,11 @@ func memory(ctx context.Context, pool *pgxpool.Pool) {
 	}
 }
 
+var batchSize int
+
 func init() {
 	flag.IntVar(&concurrency, "concurrency", 0, "RelayConfig.Concurrency of each relay (0: the default)")
+	flag.IntVar(&batchSize, "batch", 0, "RelayConfig.BatchSize of each relay (0: the default)")
 }
 
 // counters observe claims and settles, for -v.
