@@ -272,21 +272,21 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 	return nil
 }
 
-// query runs the insert and returns the text ids of the stored rows, when
-// scan is set; otherwise it only reads the statement to its end.
+// query runs the insert. With scan it returns the text ids of the stored
+// rows; without, it runs the statement with ExecTx and returns nothing.
 func (o *Outbox) query(ctx context.Context, tx Tx, query string, args []any, n int, scan bool) ([]string, error) {
+	if !scan {
+		if err := tx.ExecTx(ctx, query, args...); err != nil {
+			return nil, o.d.Classify(err)
+		}
+		return nil, nil
+	}
 	rs, err := tx.QueryTx(ctx, query, args...)
 	if err != nil {
 		return nil, o.d.Classify(err)
 	}
-	var ids []string
-	if scan {
-		ids = make([]string, 0, n)
-	}
+	ids := make([]string, 0, n)
 	for rs.Next() {
-		if !scan {
-			continue
-		}
 		var s string
 		if err := rs.Scan(&s); err != nil {
 			rs.Close()

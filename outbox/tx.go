@@ -11,8 +11,9 @@ import "context"
 // Tx is required, because a message written through a pool would commit on
 // its own.
 //
-// Publish calls CheckTx once and then QueryTx once. It never begins,
-// commits or rolls back.
+// Publish calls CheckTx once and then ExecTx or QueryTx once (QueryTx when
+// it needs the stored ids back, that is when a message has a DedupKey). It
+// never begins, commits or rolls back.
 type Tx interface {
 	// CheckTx reports, without sending anything to the database, whether
 	// the transaction can take a statement. It returns nil when it cannot
@@ -24,6 +25,10 @@ type Tx interface {
 	// Errors are returned as the driver gave them: Publish maps them
 	// (through the dialect) to ErrTxDone, ErrTxAborted and the others.
 	QueryTx(ctx context.Context, query string, args ...any) (Rows, error)
+
+	// ExecTx runs one statement on the transaction, discarding any rows.
+	// Errors are returned as the driver gave them, as for QueryTx.
+	ExecTx(ctx context.Context, query string, args ...any) error
 }
 
 // Rows is the result of [Tx.QueryTx], the shape shared by database/sql and

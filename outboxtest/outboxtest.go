@@ -6,7 +6,7 @@
 //
 //	mock.ExpectBegin()
 //	mock.ExpectExec(`INSERT INTO orders`)...           // the caller's own SQL
-//	outboxtest.ExpectPublish(mock, ob, msg)           // the outbox's statement
+//	outboxtest.ExpectPublish(mock, ob, msg)           // the outbox's one statement
 //	mock.ExpectCommit()
 //
 // and mock.ExpectationsWereMet() proves the message was written inside the
@@ -23,28 +23,32 @@ import (
 
 // ExpectPublish registers on mock the exact statement that ob.Publish (one
 // message) or ob.PublishBatch (several) sends for msgs, with every argument
-// but the generated ids, and answers that every message was stored. It
-// returns the expectation so the caller can refine it.
+// but the generated ids, answering that every message was stored. Publish
+// sends it with ExecContext (an ExpectExec) when no message has a DedupKey,
+// and with QueryContext (an ExpectQuery, answering with the stored ids) when
+// one has, since only then does it need the ids back.
 //
 // The statement is matched literally under sqlmock's default QueryMatcher
-// (sqlmock.QueryMatcherRegexp). If a
-// message is invalid, the expectation answers with Publish's validation error
-// instead; since Publish refuses such a message without sending SQL, the
-// expectation then stays unmet and mock.ExpectationsWereMet reports it.
-func ExpectPublish(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) *sqlmock.ExpectedQuery {
-	return expect(mock, ob, msgs, true)
+// (sqlmock.QueryMatcherRegexp). If a message is invalid, the expectation
+// answers with Publish's validation error instead; since Publish refuses such
+// a message without sending SQL, the expectation then stays unmet and
+// mock.ExpectationsWereMet reports it.
+func ExpectPublish(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) {
+	expect(mock, ob, msgs, true)
 }
 
 // ExpectPublishDuplicate is ExpectPublish answering that every message was
 // a duplicate (its DedupKey already stored): Publish reports Duplicate.
-func ExpectPublishDuplicate(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) *sqlmock.ExpectedQuery {
-	return expect(mock, ob, msgs, false)
+// Every message must have a DedupKey.
+func ExpectPublishDuplicate(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) {
+	expect(mock, ob, msgs, false)
 }
 
-func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, stored bool) *sqlmock.ExpectedQuery {
+func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, stored bool) {
 	st, err := ob.PublishSQL(msgs...)
 	if err != nil {
-		return mock.ExpectQuery("^$").WillReturnError(err)
+		mock.ExpectExec("^$").WillReturnError(err)
+		return
 	}
 	ids := make(map[string]bool, len(st.IDs))
 	rows := sqlmock.NewRows([]string{"id"})
@@ -62,7 +66,15 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, stor
 			args[i] = a
 		}
 	}
-	return mock.ExpectQuery(literal(st.Query)).WithArgs(args...).WillReturnRows(rows)
+	dedup := false
+	for _, m := range msgs {
+		dedup = dedup || m.DedupKey != ""
+	}
+	if !dedup {
+		mock.ExpectExec(literal(st.Query)).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, int64(len(msgs))))
+		return
+	}
+	mock.ExpectQuery(literal(st.Query)).WithArgs(args...).WillReturnRows(rows)
 }
 
 // literal makes query match itself under sqlmock's default matcher,

@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/internal/pglisten"
 	"github.com/oncommit/oncommit/outbox"
@@ -44,6 +45,14 @@ func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows
 		return nil, outbox.ErrNilTx
 	}
 	return queryOn(ctx, t.tx, query, args)
+}
+
+// ExecTx runs query on the transaction.
+func (t Tx) ExecTx(ctx context.Context, query string, args ...any) error {
+	if t.tx == nil {
+		return outbox.ErrNilTx
+	}
+	return execOn(ctx, t.tx, query, args)
 }
 
 // Conn is the [outbox.Tx] around a *pgx.Conn with an open transaction.
@@ -85,8 +94,27 @@ func (c Conn) QueryTx(ctx context.Context, query string, args ...any) (outbox.Ro
 	return queryOn(ctx, c.conn, query, args)
 }
 
+// ExecTx runs query on the connection.
+func (c Conn) ExecTx(ctx context.Context, query string, args ...any) error {
+	if err := c.CheckTx(); err != nil {
+		return err
+	}
+	return execOn(ctx, c.conn, query, args)
+}
+
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func execOn(ctx context.Context, q querier, sql string, args []any) error {
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
+		if errors.Is(err, pgx.ErrTxClosed) {
+			return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
+		}
+		return err
+	}
+	return nil
 }
 
 func queryOn(ctx context.Context, q querier, sql string, args []any) (outbox.Rows, error) {

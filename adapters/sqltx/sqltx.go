@@ -56,6 +56,21 @@ func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows
 	return rows, nil
 }
 
+// ExecTx runs query on the transaction. A finished transaction gives an
+// error wrapping both [outbox.ErrTxDone] and [sql.ErrTxDone].
+func (t Tx) ExecTx(ctx context.Context, query string, args ...any) error {
+	if t.tx == nil {
+		return outbox.ErrNilTx
+	}
+	if _, err := t.tx.ExecContext(ctx, query, args...); err != nil {
+		if errors.Is(err, sql.ErrTxDone) {
+			return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
+		}
+		return err
+	}
+	return nil
+}
+
 // DB is the [outbox.DB] around a *sql.DB, for the relay and the operations.
 // Build it with [Pool].
 type DB struct {
