@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -157,28 +158,6 @@ const fenceJoin = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 
 
 const fenceReturning = ` RETURNING o.id::text, o.attempts`
 
-// fenced runs a fenced statement and returns the fences it changed.
-func fenced(ctx context.Context, db outbox.DB, q string, args ...any) ([]outbox.Fence, error) {
-	rows, err := db.QueryDB(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []outbox.Fence
-	for rows.Next() {
-		var id string
-		var f outbox.Fence
-		if err := rows.Scan(&id, &f.Attempts); err != nil {
-			return nil, err
-		}
-		if f.ID, err = outbox.ParseID(id); err != nil {
-			return nil, err
-		}
-		out = append(out, f)
-	}
-	return out, rows.Err()
-}
-
 // SettleSQL returns the fenced settle statements for table t: done (delete
 // or mark delivered), retry, dead (mark or delete). Each takes $1 ids
 // (uuid[] literal) and $2 attempts (integer[] literal); retry also takes
@@ -224,7 +203,7 @@ func (*dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outb
 		for _, f := range extra {
 			args = append(args, arrayLiteral(len(xs), func(i int) (string, bool) { return f(&xs[i]) }))
 		}
-		got, err := fenced(ctx, db, q, args...)
+		got, err := sqlbuild.Fences(ctx, db, q, args...)
 		applied = append(applied, got...)
 		return err
 	}
@@ -267,7 +246,7 @@ FROM unnest($1::uuid[], $2::integer[]) AS v(id, attempts)` + fenceJoin + fenceRe
 
 func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
 	ids, attempts := fenceArrays(held)
-	return fenced(ctx, db, RenewSQL(t), ids, attempts, lease.Seconds())
+	return sqlbuild.Fences(ctx, db, RenewSQL(t), ids, attempts, lease.Seconds())
 }
 
 // count runs a statement returning one integer.

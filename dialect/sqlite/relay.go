@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -96,28 +97,6 @@ func claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimPara
 	return out, rows.Err()
 }
 
-// fenced runs a statement returning (id, attempts) rows.
-func fenced(ctx context.Context, db outbox.DB, q string, args ...any) ([]outbox.Fence, error) {
-	rows, err := db.QueryDB(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []outbox.Fence
-	for rows.Next() {
-		var id string
-		var f outbox.Fence
-		if err := rows.Scan(&id, &f.Attempts); err != nil {
-			return nil, err
-		}
-		if f.ID, err = outbox.ParseID(id); err != nil {
-			return nil, err
-		}
-		out = append(out, f)
-	}
-	return out, rows.Err()
-}
-
 // settleRows is the JSON form of settlements: [id, attempts, delay ms,
 // at ms or null, error] per row.
 func settleRows(s []outbox.Settlement) string {
@@ -166,9 +145,9 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 		q = deleteDead
 	}
 	if q == deleteDone || q == deleteDead {
-		return fenced(ctx, db, q, settleRows(s), fenceKeys(s))
+		return sqlbuild.Fences(ctx, db, q, settleRows(s), fenceKeys(s))
 	}
-	return fenced(ctx, db, q, settleRows(s))
+	return sqlbuild.Fences(ctx, db, q, settleRows(s))
 }
 
 // fenceKeys is the JSON array of "id:attempts" keys of s.
@@ -207,7 +186,7 @@ func RenewSQL(t outbox.Table) string {
 }
 
 func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return fenced(ctx, db, RenewSQL(t), settleRows(fenceSettlements(held)), lease.Milliseconds())
+	return sqlbuild.Fences(ctx, db, RenewSQL(t), settleRows(fenceSettlements(held)), lease.Milliseconds())
 }
 
 // count runs a statement and counts the rows it returns.
