@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oncommit/oncommit/internal/backoff"
@@ -229,6 +230,9 @@ type Relay struct {
 	// doneLinger when no claim came.
 	doneMu sync.Mutex
 	done   []Settlement
+	// carried is when a claim last carried successes (unix nanoseconds):
+	// while claims keep coming, the settler leaves successes to them.
+	carried atomic.Int64
 }
 
 type inflight struct {
@@ -473,6 +477,9 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	done := r.takeDone()
+	if len(done) > 0 {
+		r.carried.Store(time.Now().UnixNano())
+	}
 	fences := make([]Fence, len(done))
 	for i := range done {
 		fences[i] = done[i].Fence
@@ -643,6 +650,12 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 		case s := <-r.results:
 			batch = append(batch[:0], s)
 		case <-flush.C:
+			if time.Since(time.Unix(0, r.carried.Load())) < doneLinger {
+				// Claims are carrying successes: leave these to the next one
+				// rather than compete with it for the database.
+				flush.Reset(doneLinger)
+				continue
+			}
 			flushArmed = false
 			if done := r.takeDone(); len(done) > 0 {
 				r.settle(ctx, done)
