@@ -617,11 +617,18 @@ func cleanError(err error) string {
 // send queues a settlement unless the settler has stopped (a handler that
 // finished after Run returned: its lease lapses and it is delivered again).
 func (r *Relay) send(s Settlement) {
+	// The settler's end is checked first: the buffered channel would
+	// otherwise take the outcome and nobody would ever read it.
 	select {
-	case r.results <- s:
 	case <-r.settled:
-		r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
+	default:
+		select {
+		case r.results <- s:
+			return
+		case <-r.settled:
+		}
 	}
+	r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
 }
 
 // settleLinger is how long the settler waits for more outcomes after the

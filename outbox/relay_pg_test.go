@@ -355,3 +355,36 @@ func TestDrainOnShutdown(t *testing.T) {
 		t.Errorf("%d messages left after a drained shutdown, want 0", n)
 	}
 }
+
+// TestNoSettleAfterRun: a handler that ignores its context keeps running
+// past the grace period; Run returns within grace + 250 ms anyway, and the
+// handler's late outcome is dropped, not written: the message stays
+// processing until its lease lapses and is delivered again.
+func TestNoSettleAfterRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var logs logBuffer
+	r := newRelay(t, e, outbox.RelayConfig{ShutdownGrace: 200 * time.Millisecond, Logger: logs.logger()})
+	started := make(chan struct{})
+	finished := make(chan struct{})
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error {
+		close(started)
+		time.Sleep(time.Second) // ignores ctx
+		defer close(finished)
+		return nil
+	})
+	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
+	run := start(t, r)
+	<-started
+	begin := time.Now()
+	run.stop(t)
+	if took := time.Since(begin); took > 200*time.Millisecond+250*time.Millisecond {
+		t.Errorf("Run returned after %v, want within grace + 250ms", took)
+	}
+	<-finished
+	time.Sleep(100 * time.Millisecond)
+	if s, a, _ := rowState(t, e, ids[0]); s != "processing" || a != 1 {
+		t.Errorf("row is %s with %d attempts after Run returned; a late outcome landed", s, a)
+	}
+	eventually(t, 5*time.Second, "drop logged", func() bool { return strings.Contains(logs.String(), "outcome after shutdown dropped") })
+}
