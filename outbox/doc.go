@@ -23,6 +23,13 @@
 // duplicate, never an error. The sentinel errors say which condition a
 // failure is (ErrTxDone, ErrTxAborted, ErrNotInTransaction, ...).
 //
+// Every replica may run a [Relay] ([Outbox.Relay]): it claims due messages
+// with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL), runs the handler of
+// each topic outside any transaction, renews the lease while the handler runs,
+// and writes the outcome fenced by the attempt number: done, retry with
+// backoff, or dead letter. [HandleJSON] decodes payloads into a Go type.
+// [Outbox.Stats], [Outbox.Redrive] and [Outbox.Purge] are the operations.
+//
 // The package holds no SQL: dialect packages (dialect/postgres,
 // dialect/sqlite) supply it through the [Dialect] interface, and adapter
 // packages (adapters/sqltx, adapters/pgxtx) wrap the drivers' transactions.
