@@ -353,8 +353,6 @@ func init() {
 // counters observe claims and settles, for -v.
 type counters struct {
 	claims, claimed, settles, settled atomic.Int64
-	last                              atomic.Int64
-	claimGap                          atomic.Int64
 }
 
 var stats = &counters{}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
@@ -67,5 +66,4 @@ func stmts(ctx context.Context, pool *pgxpool.Pool) {
 		fmt.Printf("round %d raw-loop-1 %.2fs, claim-carries-settle %.2fs (%.2fx), our-claim+raw-delete %.2fs (%.2fx)\n",
 			round, raw.Seconds(), ours.Seconds(), raw.Seconds()/ours.Seconds(), sep.Seconds(), raw.Seconds()/sep.Seconds())
 	}
-	_ = pgx.ErrNoRows
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/dialect/postgres"
 )
@@ -58,5 +57,4 @@ func variants(ctx context.Context, pool *pgxpool.Pool) {
 		}
 		fmt.Printf("round %d: %s\n", round, strings.Join(line, ", "))
 	}
-	_ = pgx.ErrNoRows
 }

@@ -74,16 +74,6 @@ type DB interface {
 	QueryDB(ctx context.Context, query string, args ...any) (Rows, error)
 }
 
-// TxDB is implemented by a [DB] that can run statements inside one short
-// transaction on one connection, for dialects that need one (SQLite takes
-// its write lock first with BEGIN IMMEDIATE).
-type TxDB interface {
-	// InTx runs begin (such as "BEGIN IMMEDIATE") on one connection, then
-	// f with a DB bound to that connection, then COMMIT, or ROLLBACK when
-	// f fails.
-	InTx(ctx context.Context, begin string, f func(tx DB) error) error
-}
-
 // Listener is implemented by a [DB] that can wait for notifications on a
 // dedicated connection (PostgreSQL LISTEN).
 type Listener interface {

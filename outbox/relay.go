@@ -190,9 +190,6 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 	if c.RetryJitter != nil && !(*c.RetryJitter >= 0 && *c.RetryJitter <= 1) {
 		return &ConfigError{"RetryJitter", "must be in [0, 1]"}
 	}
-	if caps.MaxParams > 0 && c.BatchSize*4 > caps.MaxParams {
-		return &ConfigError{"BatchSize", fmt.Sprintf("more than the %d parameters one statement allows can hold", caps.MaxParams)}
-	}
 	if c.Listen < NotifyAuto || c.Listen > NotifyOff {
 		return &ConfigError{"Listen", "unknown mode"}
 	}

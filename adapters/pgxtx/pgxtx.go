@@ -108,22 +108,22 @@ type querier interface {
 }
 
 func execOn(ctx context.Context, q querier, sql string, args []any) error {
-	if _, err := q.Exec(ctx, sql, args...); err != nil {
-		if errors.Is(err, pgx.ErrTxClosed) {
-			return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
-		}
-		return err
+	_, err := q.Exec(ctx, sql, args...)
+	return txClosed(err)
+}
+
+// txClosed adds outbox.ErrTxDone to pgx's pgx.ErrTxClosed.
+func txClosed(err error) error {
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
 	}
-	return nil
+	return err
 }
 
 func queryOn(ctx context.Context, q querier, sql string, args []any) (outbox.Rows, error) {
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
-		if errors.Is(err, pgx.ErrTxClosed) {
-			return nil, fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
-		}
-		return nil, err
+		return nil, txClosed(err)
 	}
 	return pgxRows{rows}, nil
 }

@@ -48,10 +48,7 @@ func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows
 	}
 	rows, err := t.tx.QueryContext(ctx, query, args...)
 	if err != nil {
-		if errors.Is(err, sql.ErrTxDone) {
-			return nil, fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
-		}
-		return nil, err
+		return nil, txDone(err)
 	}
 	return rows, nil
 }
@@ -62,13 +59,16 @@ func (t Tx) ExecTx(ctx context.Context, query string, args ...any) error {
 	if t.tx == nil {
 		return outbox.ErrNilTx
 	}
-	if _, err := t.tx.ExecContext(ctx, query, args...); err != nil {
-		if errors.Is(err, sql.ErrTxDone) {
-			return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
-		}
-		return err
+	_, err := t.tx.ExecContext(ctx, query, args...)
+	return txDone(err)
+}
+
+// txDone adds outbox.ErrTxDone to database/sql's sql.ErrTxDone.
+func txDone(err error) error {
+	if errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
 	}
-	return nil
+	return err
 }
 
 // DB is the [outbox.DB] around a *sql.DB, for the relay and the operations.
@@ -116,38 +116,4 @@ func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error 
 		return nil
 	}
 	return err
-}
-
-// InTx runs begin on one connection of the pool, then f with that
-// connection, then COMMIT (or ROLLBACK when f fails). SQLite claims this way,
-// under BEGIN IMMEDIATE.
-func (d *DB) InTx(ctx context.Context, begin string, f func(tx outbox.DB) error) (err error) {
-	conn, err := d.db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, begin); err != nil {
-		return err
-	}
-	if err := f(connDB{conn}); err != nil {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-		return err
-	}
-	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-		return err
-	}
-	return nil
-}
-
-// connDB is one connection as an outbox.DB.
-type connDB struct{ conn *sql.Conn }
-
-func (c connDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
-	rows, err := c.conn.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return rows, nil
 }

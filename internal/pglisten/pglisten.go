@@ -12,7 +12,7 @@ import (
 
 // HealthEvery is how long the loop waits for a notification before it
 // checks, with a round trip, that the connection is still alive.
-var HealthEvery = 15 * time.Second
+const HealthEvery = 15 * time.Second
 
 // HealthTimeout bounds that check.
 const HealthTimeout = 5 * time.Second
