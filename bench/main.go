@@ -40,7 +40,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
@@ -56,6 +55,7 @@ var (
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
 	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 )
 
@@ -155,13 +155,19 @@ func remaining(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox) int {
 }
 
 // rawLoop drains the table with hand-written SQL: claim 100 with SKIP
-// LOCKED (the same lease update a relay makes), then delete by ids.
+// LOCKED (the same lease update a relay makes), reading what a loop that
+// delivers messages must read (id, topic, payload), then delete by ids.
+// With -raw-ids the claim returns ids only, as a loop that never looks at
+// its messages would (the stricter, less realistic reference).
 func rawLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers int) {
 	tbl := postgres.QuoteTable(ob.Table())
 	claim := `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = 'bench'
 		ORDER BY available_at, id LIMIT 100 FOR UPDATE SKIP LOCKED)
 		UPDATE ` + tbl + ` AS o SET state = 'processing', attempts = o.attempts + 1, available_at = now() + interval '30 seconds'
-		FROM due WHERE o.id = due.id RETURNING o.id`
+		FROM due WHERE o.id = due.id RETURNING o.id, o.topic, o.payload`
+	if *rawIDs {
+		claim = strings.TrimSuffix(claim, ", o.topic, o.payload")
+	}
 	del := `DELETE FROM ` + tbl + ` WHERE id = ANY($1)`
 	var wg sync.WaitGroup
 	for range workers {
@@ -171,8 +177,19 @@ func rawLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers
 			for {
 				rows, err := pool.Query(ctx, claim)
 				check(err)
-				ids, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
-				check(err)
+				var ids [][16]byte
+				for rows.Next() {
+					var id [16]byte
+					var topic string
+					var payload []byte
+					if *rawIDs {
+						check(rows.Scan(&id))
+					} else {
+						check(rows.Scan(&id, &topic, &payload))
+					}
+					ids = append(ids, id)
+				}
+				check(rows.Err())
 				if len(ids) == 0 {
 					return
 				}
@@ -184,16 +201,20 @@ func rawLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers
 	wg.Wait()
 }
 
-// relays drains the table with k relays, each on its own pool.
-func relays(ctx context.Context, ob *outbox.Outbox, k, total int) {
+// relays prepares k relays on the table, each on its own pool with a
+// connection already open (as in a service that has been running), and
+// returns the drain to time: run them until every message is handled, then
+// stop them (Run drains: every outcome is written before it returns).
+func relays(ctx context.Context, ob *outbox.Outbox, k, total int) (run func()) {
 	var done atomic.Int64
 	finished := make(chan struct{})
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
+	var rs []*outbox.Relay
+	var pools []*pgxpool.Pool
 	for range k {
 		p, err := pgxpool.New(ctx, *url)
 		check(err)
-		defer p.Close()
+		check(p.Ping(ctx))
+		pools = append(pools, p)
 		r, err := ob.Relay(timedDB{pgxtx.Pool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, BatchSize: batchSize, Tracer: stats})
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
@@ -202,32 +223,43 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) {
 			}
 			return nil
 		}))
-		wg.Add(1)
-		go func() { defer wg.Done(); check(r.Run(ctx)) }()
+		rs = append(rs, r)
 	}
-	<-finished
-	cancel() // Run drains: every outcome is written before it returns
-	wg.Wait()
+	return func() {
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for _, r := range rs {
+			wg.Add(1)
+			go func() { defer wg.Done(); check(r.Run(ctx)) }()
+		}
+		<-finished
+		cancel()
+		wg.Wait()
+		for _, p := range pools {
+			p.Close()
+		}
+	}
 }
 
 func drain(ctx context.Context, pool *pgxpool.Pool) {
 	fmt.Printf("\n== drain: %d messages, no-op handler, %d interleaved rounds (seconds, lower is better)\n", *n, *rounds)
 	cases := []struct {
 		name string
-		run  func(ob *outbox.Outbox)
+		prep func(ob *outbox.Outbox) (run func())
 	}{
-		{"raw-loop-1", func(ob *outbox.Outbox) { rawLoop(ctx, pool, ob, 1) }},
-		{"relay-1", func(ob *outbox.Outbox) { relays(ctx, ob, 1, *n) }},
-		{"raw-loop-4", func(ob *outbox.Outbox) { rawLoop(ctx, pool, ob, 4) }},
-		{"relay-4", func(ob *outbox.Outbox) { relays(ctx, ob, 4, *n) }},
+		{"raw-loop-1", func(ob *outbox.Outbox) func() { return func() { rawLoop(ctx, pool, ob, 1) } }},
+		{"relay-1", func(ob *outbox.Outbox) func() { return relays(ctx, ob, 1, *n) }},
+		{"raw-loop-4", func(ob *outbox.Outbox) func() { return func() { rawLoop(ctx, pool, ob, 4) } }},
+		{"relay-4", func(ob *outbox.Outbox) func() { return relays(ctx, ob, 4, *n) }},
 	}
 	res := map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		for _, c := range cases {
 			ob := table(ctx, pool, "drain")
 			fill(ctx, pool, ob, *n, "bench")
+			run := c.prep(ob)
 			t0 := time.Now()
-			c.run(ob)
+			run()
 			secs := time.Since(t0).Seconds()
 			if left := remaining(ctx, pool, ob); left != 0 {
 				check(fmt.Errorf("%s left %d rows", c.name, left))
@@ -334,7 +366,7 @@ func memory(ctx context.Context, pool *pgxpool.Pool) {
 			}
 		}()
 		t0 := time.Now()
-		relays(ctx, ob, 1, drainN) // stops after drainN deliveries
+		relays(ctx, ob, 1, drainN)() // stops after drainN deliveries
 		secs := time.Since(t0).Seconds()
 		close(stop)
 		<-sampler
