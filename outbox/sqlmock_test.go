@@ -105,8 +105,8 @@ func TestPublishSQLPinned(t *testing.T) {
 		{app, []outbox.Message{{Topic: "t", DedupKey: "d", Headers: map[string]string{"h": "v"}}},
 			`WITH ins AS (INSERT INTO "app"."outbox" (id, topic, headers, dedup_key) VALUES ($1, $2, $3, $4)` + conflict + ` RETURNING id::text) SELECT ins.id FROM pg_notify('app.outbox', ''), ins`, []any{"t", `{"h":"v"}`, "d"}},
 		{off, []outbox.Message{{Topic: "a", Delay: 1500 * time.Millisecond}, {Topic: "b", Key: "k"}, {Topic: "c", NotBefore: nb}},
-			`INSERT INTO "outbox" (id, topic, message_key, available_at) VALUES ($1, $2, $3, now() + make_interval(secs => $10)), ($4, $5, $6, now()), ($7, $8, $9, greatest(now(), $11::timestamptz))`,
-			[]any{"a", nil, "b", "k", "c", nil, 1.5, nb}},
+			`INSERT INTO "outbox" (id, topic, message_key, available_at) VALUES ($1, $2, $3, now() + make_interval(secs => $4)), ($5, $6, $7, now()), ($8, $9, $10, greatest(now(), $11::timestamptz))`,
+			[]any{"a", nil, 1.5, "b", "k", "c", nil, nb}},
 	} {
 		st, err := mustNew(t, tc.cfg).PublishSQL(tc.msgs...)
 		if err != nil {

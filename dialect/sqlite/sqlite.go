@@ -20,7 +20,6 @@
 package sqlite
 
 import (
-	"strconv"
 	"strings"
 	"time"
 
@@ -42,10 +41,11 @@ const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 // Dialect returns the SQLite dialect.
 func Dialect() outbox.Dialect {
 	return &dialect{insert: &sqlbuild.Insert{
-		Placeholder: func(b *strings.Builder, n int) {
-			b.WriteByte('?')
-			b.WriteString(strconv.Itoa(n))
-		},
+		// Anonymous "?" placeholders (the builder lists arguments in text
+		// order): the driver looks up each numbered or named parameter's
+		// name in a list that grows with the statement, which makes binding
+		// a batch of n rows cost n² steps; anonymous ones have no name.
+		Placeholder: func(b *strings.Builder, _ int) { b.WriteByte('?') },
 		Now: now,
 		Delay: func(b *strings.Builder, p func()) {
 			b.WriteString(now + " + ")
@@ -83,7 +83,7 @@ func QuoteTable(t outbox.Table) string {
 
 // Insert builds the publish statement, for example
 //
-//	INSERT INTO "outbox" (id, topic, payload, dedup_key) VALUES (?1, ?2, ?3, ?4)
+//	INSERT INTO "outbox" (id, topic, payload, dedup_key) VALUES (?, ?, ?, ?)
 //	ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id
 //
 // listing only the columns some message sets, with the ON CONFLICT and

@@ -200,11 +200,22 @@ func claim(t *testing.T, e *env, p outbox.ClaimParams) []outbox.Claimed {
 }
 
 func delay(t *testing.T, e *env) {
-	res := e.publish(t, outbox.Message{Topic: "t", Delay: time.Hour}, outbox.Message{Topic: "t"},
-		outbox.Message{Topic: "t", NotBefore: time.Now().Add(time.Hour)})
+	// One batch mixing delayed and immediate rows, each with its own key
+	// and payload: a scheduling argument bound in the wrong place would
+	// shift the values of the rows after it.
+	res := e.publish(t, outbox.Message{Topic: "t", Key: "k0", Payload: []byte(`{"n":0}`), Delay: time.Hour},
+		outbox.Message{Topic: "t", Key: "k1", Payload: []byte(`{"n":1}`)},
+		outbox.Message{Topic: "t", Key: "k2", Payload: []byte(`{"n":2}`), NotBefore: time.Now().Add(time.Hour)},
+		outbox.Message{Topic: "t", Key: "k3", Payload: []byte(`{"n":3}`)})
 	cs := claim(t, e, outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
-	if len(cs) != 1 || cs[0].ID != res[1].ID {
-		t.Errorf("claimed %v, want only the immediate message", cs)
+	if len(cs) != 2 || cs[0].ID != res[1].ID || cs[1].ID != res[3].ID {
+		t.Fatalf("claimed %v, want only the two immediate messages", cs)
+	}
+	for i, c := range cs {
+		n := 2*i + 1
+		if c.Key != fmt.Sprintf("k%d", n) || string(c.Payload) != fmt.Sprintf(`{"n":%d}`, n) && string(c.Payload) != fmt.Sprintf(`{"n": %d}`, n) {
+			t.Errorf("claimed key %q payload %s, want k%d and {\"n\":%d}", c.Key, c.Payload, n, n)
+		}
 	}
 }
 

@@ -11,7 +11,8 @@ import (
 
 // Insert is one dialect's spelling of the publish INSERT.
 type Insert struct {
-	// Placeholder writes bind parameter n (1-based): "$n" or "?n".
+	// Placeholder writes bind parameter n (1-based, in text order): "$n",
+	// "?n" or "?".
 	Placeholder func(b *strings.Builder, n int)
 	// Now is the database clock, as stored in available_at; the column's
 	// default must be the same expression.
@@ -64,8 +65,9 @@ var optional = [...]struct {
 // Only the columns some row has a value for are listed (rows without one
 // get NULL), and available_at only when some row is delayed: otherwise the
 // column's default, the database clock, applies. The parameters are the
-// rows' column values, row after row; scheduling parameters follow them in
-// row order.
+// rows' values, row after row, in the order they appear in the text (a
+// delayed row's scheduling parameter after its columns), so positional "?"
+// placeholders work as well as numbered ones.
 func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, notify bool, text func(b []byte) any) (string, []any) {
 	var cols uint8
 	immediate := true
@@ -107,6 +109,13 @@ func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, n
 		if cols&colDedup != 0 {
 			args = append(args, nullString(r.DedupKey))
 		}
+		switch {
+		case immediate:
+		case r.Delay > 0:
+			args = append(args, in.DelayArg(r))
+		case !r.NotBefore.IsZero():
+			args = append(args, in.NotBeforeArg(r))
+		}
 	}
 	dedup := cols&colDedup != 0
 	notify = notify && in.Notify != nil
@@ -131,7 +140,8 @@ func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, n
 		b.WriteString(", available_at")
 	}
 	b.WriteString(") VALUES ")
-	n, extra := 0, width*len(rows)
+	n := 0
+	p := func() { n++; in.Placeholder(&b, n) }
 	for i := range rows {
 		r := &rows[i]
 		if i > 0 {
@@ -142,19 +152,15 @@ func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, n
 			if c > 0 {
 				b.WriteString(", ")
 			}
-			n++
-			in.Placeholder(&b, n)
+			p()
 		}
 		if !immediate {
 			b.WriteString(", ")
-			p := func() { extra++; in.Placeholder(&b, extra) }
 			switch {
 			case r.Delay > 0:
 				in.Delay(&b, p)
-				args = append(args, in.DelayArg(r))
 			case !r.NotBefore.IsZero():
 				in.NotBefore(&b, p)
-				args = append(args, in.NotBeforeArg(r))
 			default:
 				b.WriteString(in.Now)
 			}
