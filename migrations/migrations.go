@@ -3,10 +3,11 @@
 // postgres/0001_init.down.sql, ...).
 //
 // The files name the table "outbox" and its indexes "outbox_*". They are
-// plain SQL, usable as they are by goose, golang-migrate or atlas: point the
-// tool at [Postgres] or [SQLite] (or copy the files). To apply them from Go,
-// under a lock and with a custom table name, use the dialect's Migrate
-// helper (postgres.Migrate, sqlite.Migrate), which reads them through [Load].
+// plain SQL, usable as they are by goose, golang-migrate or atlas: point
+// the tool at [Postgres], [SQLite] or [MySQL] (or copy the files). To apply
+// them from Go, under a lock and with a custom table name, use the
+// dialect's Migrate helper (postgres.Migrate, sqlite.Migrate,
+// mysql.Migrate), which reads them through [Load].
 package migrations
 
 import (
@@ -19,7 +20,7 @@ import (
 	"strings"
 )
 
-//go:embed postgres/*.sql sqlite/*.sql
+//go:embed postgres/*.sql sqlite/*.sql mysql/*.sql
 var files embed.FS
 
 // Postgres returns the PostgreSQL migrations: a flat fs.FS of
@@ -28,6 +29,11 @@ func Postgres() fs.FS { return sub("postgres") }
 
 // SQLite returns the SQLite migrations, laid out like [Postgres].
 func SQLite() fs.FS { return sub("sqlite") }
+
+// MySQL returns the MySQL and MariaDB migrations, laid out like
+// [Postgres]. Each file is one statement (MySQL drivers run one statement
+// per call unless told otherwise).
+func MySQL() fs.FS { return sub("mysql") }
 
 func sub(dir string) fs.FS {
 	f, err := fs.Sub(files, dir)

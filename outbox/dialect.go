@@ -74,6 +74,35 @@ type DB interface {
 	QueryDB(ctx context.Context, query string, args ...any) (Rows, error)
 }
 
+// TxDB is implemented by a [DB] that can run several statements in one
+// short transaction on one connection, for dialects whose claim needs more
+// than one statement (MySQL and MariaDB have no UPDATE ... RETURNING: they
+// lock the due rows with SELECT ... FOR UPDATE SKIP LOCKED, then update
+// them). sqltx.DB implements it. The relay never calls InTx itself and never
+// holds the transaction while a handler runs: the dialect opens it and
+// commits it inside one of its methods.
+type TxDB interface {
+	DB
+	// InTx begins a transaction on one connection of the pool (with the
+	// database's default isolation level), calls f with a DB whose QueryDB
+	// runs on that transaction, then commits; when f returns an error it
+	// rolls back and returns that error.
+	InTx(ctx context.Context, f func(tx DB) error) error
+}
+
+// StoredLister is implemented by a [Dialect] whose Insert statement cannot
+// return the ids of the rows it stored (MySQL has no INSERT ... RETURNING;
+// its INSERT ... ON DUPLICATE KEY UPDATE skips duplicates without an
+// error). When some message of a Publish has a DedupKey, Publish then runs
+// Insert's statement with Tx.ExecTx and, on the same transaction, the
+// statement StoredSQL returns, which must return the ids (as text) of
+// those of ids that are stored in table t: the transaction sees its own
+// rows, so these are the rows the INSERT stored. Publish sends these two
+// statements instead of one; without a DedupKey it sends only the INSERT.
+type StoredLister interface {
+	StoredSQL(t Table, ids []ID) (query string, args []any)
+}
+
 // Listener is implemented by a [DB] that can wait for notifications on a
 // dedicated connection (PostgreSQL LISTEN).
 type Listener interface {

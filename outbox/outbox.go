@@ -148,7 +148,8 @@ func (o *Outbox) Dialect() Dialect { return o.d }
 func (o *Outbox) Notifies() bool { return o.notify }
 
 // Publish stores msg in the outbox table inside tx, the caller's open
-// transaction, with one statement. It never begins, commits or rolls back:
+// transaction, with one statement (two on MySQL when msg has a DedupKey:
+// see [StoredLister]). It never begins, commits or rolls back:
 // the caller's commit stores the message together with the business rows,
 // and the caller's rollback discards both.
 //
@@ -184,6 +185,12 @@ type Statement struct {
 	// IDs are the ids generated for the messages, in order; each appears in
 	// Args as its text form.
 	IDs []ID
+	// StoredQuery and StoredArgs, when StoredQuery is not empty, are the
+	// second statement Publish sends after Query, on dialects that
+	// implement [StoredLister] (MySQL) when a message has a DedupKey: it
+	// returns the ids of the messages stored.
+	StoredQuery string
+	StoredArgs  []any
 }
 
 // PublishSQL returns the exact statement Publish or PublishBatch sends for
@@ -195,11 +202,24 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 		return Statement{}, err
 	}
 	q, args := o.d.Insert(o.table, rows, o.notify)
+	st := Statement{Query: q, Args: args, IDs: rowIDs(rows)}
+	if sl, ok := o.d.(StoredLister); ok {
+		for i := range rows {
+			if rows[i].DedupKey != "" {
+				st.StoredQuery, st.StoredArgs = sl.StoredSQL(o.table, st.IDs)
+				break
+			}
+		}
+	}
+	return st, nil
+}
+
+func rowIDs(rows []Row) []ID {
 	ids := make([]ID, len(rows))
 	for i := range rows {
 		ids[i] = rows[i].ID
 	}
-	return Statement{Query: q, Args: args, IDs: ids}, nil
+	return ids
 }
 
 func (o *Outbox) rows(msgs []Message) ([]Row, error) {
@@ -241,7 +261,16 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 	for i := range rows {
 		dedup = dedup || rows[i].DedupKey != ""
 	}
-	stored, err := o.query(ctx, tx, query, args, len(rows), dedup)
+	var stored []string
+	if sl, ok := o.d.(StoredLister); ok && dedup {
+		// The INSERT cannot return what it stored: ask in a second statement.
+		if _, err = o.query(ctx, tx, query, args, 0, false); err == nil {
+			sq, sargs := sl.StoredSQL(o.table, rowIDs(rows))
+			stored, err = o.query(ctx, tx, sq, sargs, len(rows), true)
+		}
+	} else {
+		stored, err = o.query(ctx, tx, query, args, len(rows), dedup)
+	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 			return fmt.Errorf("outbox: publish: %w: %w", cerr, err)

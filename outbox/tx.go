@@ -12,8 +12,10 @@ import "context"
 // its own.
 //
 // Publish calls CheckTx once and then ExecTx or QueryTx once (QueryTx when
-// it needs the stored ids back, that is when a message has a DedupKey). It
-// never begins, commits or rolls back.
+// it needs the stored ids back, that is when a message has a DedupKey). On
+// a dialect that implements [StoredLister] (MySQL), a Publish with a
+// DedupKey calls ExecTx for the INSERT and then QueryTx for the stored ids.
+// It never begins, commits or rolls back.
 type Tx interface {
 	// CheckTx reports, without sending anything to the database, whether
 	// the transaction can take a statement. It returns nil when it cannot

@@ -26,7 +26,10 @@ import (
 // but the generated ids, answering that every message was stored. Publish
 // sends it with ExecContext (an ExpectExec) when no message has a DedupKey,
 // and with QueryContext (an ExpectQuery, answering with the stored ids) when
-// one has, since only then does it need the ids back.
+// one has, since only then does it need the ids back. On MySQL, where the
+// INSERT cannot return ids, a message with a DedupKey makes it an
+// ExpectExec of the INSERT followed by an ExpectQuery of the statement that
+// lists the stored ids (outbox.Statement.StoredQuery).
 //
 // The statement is matched literally under sqlmock's default QueryMatcher
 // (sqlmock.QueryMatcherRegexp). If a message is invalid, the expectation
@@ -72,6 +75,16 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, stor
 	}
 	if !dedup {
 		mock.ExpectExec(literal(st.Query)).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, int64(len(msgs))))
+		return
+	}
+	if st.StoredQuery != "" {
+		// MySQL: the INSERT, then the query for the ids it stored.
+		mock.ExpectExec(literal(st.Query)).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, int64(len(msgs))))
+		any := make([]driver.Value, len(st.StoredArgs))
+		for i := range any {
+			any[i] = sqlmock.AnyArg() // generated ids
+		}
+		mock.ExpectQuery(literal(st.StoredQuery)).WithArgs(any...).WillReturnRows(rows)
 		return
 	}
 	mock.ExpectQuery(literal(st.Query)).WithArgs(args...).WillReturnRows(rows)

@@ -6,7 +6,8 @@
 // would commit the message on its own) does not compile.
 //
 // It works with any database/sql driver of a supported dialect: lib/pq or
-// pgx's stdlib driver for PostgreSQL.
+// pgx's stdlib driver for PostgreSQL, modernc.org/sqlite for SQLite,
+// github.com/go-sql-driver/mysql for MySQL and MariaDB.
 package sqltx
 
 import (
@@ -116,4 +117,31 @@ func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error 
 		return nil
 	}
 	return err
+}
+
+// InTx runs f inside one transaction on one connection of the pool (begun
+// with the database's default isolation level), then commits, or rolls back
+// when f fails. It implements [outbox.TxDB]: the MySQL dialect claims this
+// way (SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE, then COMMIT).
+func (d *DB) InTx(ctx context.Context, f func(tx outbox.DB) error) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(txDB{tx}); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// txDB is a transaction as an outbox.DB.
+type txDB struct{ tx *sql.Tx }
+
+func (t txDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	rows, err := t.tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
 }

@@ -28,7 +28,8 @@ func Prepare(fsys fs.FS, table string) (outbox.Table, []migrations.Migration, er
 	return t, migs, err
 }
 
-// Execer is a *sql.Tx or a *sql.Conn inside a transaction.
+// Execer is a *sql.Tx, or a *sql.Conn inside a transaction or holding a
+// lock.
 type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -38,11 +39,17 @@ type Execer interface {
 // migrations not yet recorded there for tableName, in version order.
 // params is "$1, $2, $3" or "?, ?, ?": the dialect's three placeholders.
 func Apply(ctx context.Context, ex Execer, track, tableName string, migs []migrations.Migration, params string) error {
-	if _, err := ex.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+track+` (
+	return ApplyTracked(ctx, ex, `CREATE TABLE IF NOT EXISTS `+track+` (
     table_name text    NOT NULL,
     version    integer NOT NULL,
     name       text    NOT NULL,
-    PRIMARY KEY (table_name, version))`); err != nil {
+    PRIMARY KEY (table_name, version))`, track, tableName, migs, params)
+}
+
+// ApplyTracked is Apply with the dialect's own statement creating the
+// tracking table (MySQL cannot index a text column without a length).
+func ApplyTracked(ctx context.Context, ex Execer, createTrack, track, tableName string, migs []migrations.Migration, params string) error {
+	if _, err := ex.ExecContext(ctx, createTrack); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
 	first := strings.Split(params, ", ")[0]

@@ -1,0 +1,31 @@
+package mysql_test
+
+import (
+	"testing"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// TestConformance runs the conformance suite on MySQL/MariaDB through
+// go-sql-driver/mysql, a database per test.
+func TestConformance(t *testing.T) {
+	dialecttest.Run(t, dialecttest.Harness{
+		Dialect:  mysql.Dialect(),
+		Parallel: true,
+		New: func(t *testing.T) *dialecttest.Store {
+			e := newEnv(t, nil, outbox.Config{})
+			return &dialecttest.Store{
+				Table: e.table,
+				DB:    sqltx.Pool(e.pool),
+				Begin: func(t *testing.T) dialecttest.Txn {
+					tx := e.begin(t)
+					return dialecttest.Txn{Tx: sqltx.From(tx), Commit: tx.Commit, Rollback: tx.Rollback}
+				},
+				Count: func(t *testing.T, where string) int { return count(t, e.table, where) },
+			}
+		},
+	})
+}

@@ -1,0 +1,250 @@
+// Package mysql is the MySQL and MariaDB dialect of oncommit: all of its SQL
+// text.
+//
+// Use it through database/sql with github.com/go-sql-driver/mysql and
+// adapters/sqltx. It needs FOR UPDATE SKIP LOCKED: MySQL 8.0.1+ or
+// MariaDB 10.6+. It is tested on MariaDB 10.11 and written to hold on
+// MySQL 8 (docs/dialects.md says what was verified where).
+//
+// Publish stores messages with one INSERT on the caller's transaction. With
+// a DedupKey it is INSERT ... ON DUPLICATE KEY UPDATE id = id, which skips a
+// row whose dedup key is taken without an error (and without INSERT
+// IGNORE, which would also turn real errors into warnings), followed by a
+// SELECT of the generated ids to learn which rows were stored: MySQL has no
+// INSERT ... RETURNING (see [outbox.StoredLister]). Times come from the
+// database clock, UTC_TIMESTAMP(6) (microseconds, UTC whatever the
+// session's time zone), evaluated per statement. There is no NOTIFY:
+// relays poll, every [DefaultPollInterval] unless configured.
+//
+// The claim is one short transaction on the relay's pool (the pool must
+// implement [outbox.TxDB], as sqltx.Pool does): SELECT the due rows
+// ORDER BY claim_at, id LIMIT n FOR UPDATE SKIP LOCKED, UPDATE them, COMMIT,
+// before any handler runs. Settles, renewals and the successes a claim
+// carries lock their rows with SELECT ... FOR UPDATE first, so the fence
+// (id, attempts, state processing) is checked on rows nobody else can
+// change until the commit, and the fences that applied are known exactly
+// without UPDATE ... RETURNING.
+//
+// Under the default REPEATABLE READ, locking reads take next-key locks (the
+// row and the gap before it) on the index range they scan. A claim that
+// reaches the end of the due rows locks the gap after the last one, so a
+// publisher inserting a new row there waits for that claim's commit, a few
+// milliseconds. Two relay transactions can deadlock on these locks; InnoDB
+// then rolls one back (error 1213). The dialect runs the relay's own
+// transactions again on a deadlock or a lock wait timeout (1205), up to
+// Config.LockRetries times with a short backoff, and reports each rerun to
+// Config.OnLockRetry. It never retries the caller's statements: Publish
+// returns such errors (classified by [outbox.Dialect.Classify]).
+//
+// The relay's statements carry their values as SQL literals (integers,
+// ids in their canonical form, and text as hexadecimal literals) rather
+// than bind parameters, so each is one round trip whatever the DSN's
+// interpolateParams setting; nothing a user writes is ever spliced into SQL
+// text. Publish binds its values as parameters.
+package mysql
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/oncommit/oncommit/internal/sqlbuild"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// MaxParams is the most bind parameters one MySQL statement may carry.
+const MaxParams = 65535
+
+// paramsPerRow is the most parameters one inserted row uses: id, topic,
+// key, payload, headers, dedup key, and a delay or not-before time.
+const paramsPerRow = 7
+
+// DefaultPollInterval is the relay's default poll interval on MySQL: with
+// no notifications, a relay finds new messages only by polling.
+const DefaultPollInterval = 200 * time.Millisecond
+
+// DefaultLockRetries is the default of Config.LockRetries.
+const DefaultLockRetries = 5
+
+// now is the database clock as stored: UTC with microseconds.
+const now = `UTC_TIMESTAMP(6)`
+
+// Config configures the dialect. The zero value works.
+type Config struct {
+	// LockRetries is how many times the dialect runs one of the relay's
+	// transactions again after it lost a deadlock (error 1213) or timed
+	// out waiting for a lock (error 1205). Negative means never. Defaults
+	// to DefaultLockRetries (5).
+	LockRetries int
+
+	// OnLockRetry, when not nil, is called before each such rerun with the
+	// operation ("claim", "settle", "renew", "redrive", "purge"), the
+	// number of the rerun (1, 2, ...) and the error. It must not block.
+	// Count the calls to watch lock contention. Defaults to nil.
+	OnLockRetry func(op string, retry int, err error)
+}
+
+// Dialect returns the MySQL/MariaDB dialect with the default Config.
+func Dialect() outbox.Dialect { return New(Config{}) }
+
+// New returns the MySQL/MariaDB dialect configured by cfg.
+func New(cfg Config) outbox.Dialect {
+	if cfg.LockRetries == 0 {
+		cfg.LockRetries = DefaultLockRetries
+	}
+	return &dialect{cfg: cfg, insert: &sqlbuild.Insert{
+		Placeholder: func(b *strings.Builder, _ int) { b.WriteByte('?') },
+		Now:         now,
+		Delay: func(b *strings.Builder, p func()) {
+			b.WriteString(now + " + INTERVAL ")
+			p()
+			b.WriteString(" MICROSECOND")
+		},
+		NotBefore: func(b *strings.Builder, p func()) {
+			b.WriteString("GREATEST(" + now + ", CAST(")
+			p()
+			b.WriteString(" AS DATETIME(6)))")
+		},
+		DelayArg:     func(r *outbox.Row) any { return r.Delay.Microseconds() },
+		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore.UTC().Format(datetime) },
+		OnConflict:   ` ON DUPLICATE KEY UPDATE id = id`,
+	}}
+}
+
+// datetime is the text form of a DATETIME(6) value.
+const datetime = "2006-01-02 15:04:05.999999"
+
+type dialect struct {
+	cfg    Config
+	insert *sqlbuild.Insert
+}
+
+func (*dialect) Name() string { return "mysql" }
+
+func (*dialect) Capabilities() outbox.Capabilities {
+	return outbox.Capabilities{SkipLocked: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval}
+}
+
+// QuoteTable returns t as a quoted, possibly database-qualified, identifier.
+func QuoteTable(t outbox.Table) string {
+	if t.Schema == "" {
+		return "`" + t.Name + "`"
+	}
+	return "`" + t.Schema + "`.`" + t.Name + "`"
+}
+
+// Insert builds the publish statement, for example, for one message with a
+// key, a payload and a DedupKey:
+//
+//	INSERT INTO `outbox` (id, topic, message_key, payload, dedup_key) VALUES (?, ?, ?, ?, ?)
+//	ON DUPLICATE KEY UPDATE id = id
+//
+// Only the columns some message sets are listed; the ON DUPLICATE KEY
+// clause is present only when some message has a DedupKey. Its no-op
+// update leaves the stored row as it was and raises no error. available_at
+// is left to its default, UTC_TIMESTAMP(6), unless some message is
+// scheduled: then UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND for a Delay
+// and GREATEST(UTC_TIMESTAMP(6), CAST(? AS DATETIME(6))) for a NotBefore,
+// each parameter in its row's place.
+func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
+	return d.insert.Build(QuoteTable(t), t, rows, false, func(b []byte) any { return string(b) })
+}
+
+// StoredSQL returns the statement Publish runs after an INSERT with a
+// DedupKey: the ids among ids now in the table, which the transaction
+// itself stored (a generated id cannot belong to anyone else's row).
+//
+//	SELECT id FROM `outbox` WHERE id IN (?, ?)
+func (*dialect) StoredSQL(t outbox.Table, ids []outbox.ID) (string, []any) {
+	var b strings.Builder
+	b.WriteString("SELECT id FROM " + QuoteTable(t) + " WHERE id IN (")
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('?')
+		args[i] = id.String()
+	}
+	b.WriteByte(')')
+	return b.String(), args
+}
+
+// MySQL error numbers the dialect knows.
+const (
+	errLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	errDeadlock        = 1213 // ER_LOCK_DEADLOCK
+	errNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
+	errReadOnlyTx      = 1792 // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+	errReadOnlyServer  = 1290 // ER_OPTION_PREVENTS_STATEMENT (--read-only)
+)
+
+// Classify maps MySQL errors to the outbox sentinels by error number:
+// 1792 (read-only transaction) and 1290 (server running read-only) to
+// ErrReadOnlyTx, 1146 (no such table) to ErrTableMissing, 1213 (deadlock:
+// InnoDB has rolled the whole transaction back) to ErrTxAborted. A lock
+// wait timeout (1205) rolls back only the statement and is returned as is.
+// MySQL keeps a transaction usable after the other errors.
+func (*dialect) Classify(err error) error {
+	var me *mysql.MySQLError
+	if err == nil || !errors.As(err, &me) {
+		return err
+	}
+	var sentinel error
+	switch me.Number {
+	case errReadOnlyTx, errReadOnlyServer:
+		sentinel = outbox.ErrReadOnlyTx
+	case errNoSuchTable:
+		sentinel = outbox.ErrTableMissing
+	case errDeadlock:
+		sentinel = outbox.ErrTxAborted
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %w", sentinel, err)
+}
+
+// lockConflict reports whether err is a deadlock or a lock wait timeout,
+// after which a relay transaction is run again.
+func lockConflict(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == errDeadlock || me.Number == errLockWaitTimeout)
+}
+
+// text writes s as a hexadecimal utf8mb4 literal: any bytes, no quoting,
+// whatever the session's sql_mode.
+func text(b *strings.Builder, s string) {
+	if s == "" {
+		b.WriteString("''")
+		return
+	}
+	b.WriteString("_utf8mb4 X'")
+	b.WriteString(hex.EncodeToString([]byte(s)))
+	b.WriteString("' COLLATE utf8mb4_bin")
+}
+
+// idList writes the ids as a parenthesised list of literals. Ids are
+// written in their canonical form, hexadecimal digits and dashes.
+func idList(b *strings.Builder, ids []outbox.ID) {
+	b.WriteByte('(')
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('\'')
+		b.WriteString(id.String())
+		b.WriteByte('\'')
+	}
+	b.WriteByte(')')
+}
+
+// micros writes d as an interval: INTERVAL n MICROSECOND.
+func micros(b *strings.Builder, d time.Duration) {
+	b.WriteString("INTERVAL ")
+	b.WriteString(strconv.FormatInt(d.Microseconds(), 10))
+	b.WriteString(" MICROSECOND")
+}

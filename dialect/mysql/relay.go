@@ -1,0 +1,554 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oncommit/oncommit/internal/backoff"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// lockBackoff spaces the reruns of a relay transaction after a deadlock or
+// a lock wait timeout.
+var lockBackoff = backoff.Policy{Base: 5 * time.Millisecond, Cap: 200 * time.Millisecond, Jitter: 1}
+
+// inTx runs f in one transaction of db, again (up to Config.LockRetries
+// times) when it fails on a deadlock or a lock wait timeout: InnoDB has
+// then rolled back the statement or the whole transaction, and InTx has
+// rolled back the rest, so nothing of the failed run is committed. f must
+// set its results afresh on each run.
+func (d *dialect) inTx(ctx context.Context, db outbox.DB, op string, f func(tx outbox.DB) error) error {
+	tdb, ok := db.(outbox.TxDB)
+	if !ok {
+		return fmt.Errorf("%w: the MySQL dialect needs a DB that implements outbox.TxDB (such as sqltx.Pool), not %T", outbox.ErrUnsupported, db)
+	}
+	for retry := 1; ; retry++ {
+		err := tdb.InTx(ctx, f)
+		if err == nil || !lockConflict(err) || retry > d.cfg.LockRetries || ctx.Err() != nil {
+			return err
+		}
+		if d.cfg.OnLockRetry != nil {
+			d.cfg.OnLockRetry(op, retry, err)
+		}
+		wait := time.NewTimer(lockBackoff.Delay(retry))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return err
+		case <-wait.C:
+		}
+	}
+}
+
+// ClaimSQL returns the claim's locking read for table t: the due rows of
+// topics, in (available_at, id) order, at most limit, skipping rows other
+// transactions hold. claim_at is available_at for live rows and NULL for
+// terminal ones; the index on (claim_at, id) is forced so the scan walks the
+// due rows in order and stops after limit rows (a plan that sorted would
+// read, and under REPEATABLE READ lock, every due row).
+func ClaimSQL(t outbox.Table, topics []string, limit int) string {
+	var b strings.Builder
+	b.WriteString("SELECT id, topic, message_key, payload, headers, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at)\nFROM ")
+	b.WriteString(QuoteTable(t))
+	b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE claim_at <= " + now + " AND topic IN (")
+	for i, topic := range topics {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		text(&b, topic)
+	}
+	b.WriteString(")\nORDER BY claim_at, id LIMIT ")
+	b.WriteString(strconv.Itoa(limit))
+	b.WriteString(" FOR UPDATE SKIP LOCKED")
+	return b.String()
+}
+
+// ClaimUpdateSQL returns the claim's update of the rows its read locked:
+// attempts + 1, state processing and a lease on the database clock; a row
+// that already had maxAttempts attempts is dead-lettered instead, its
+// attempts unchanged. MySQL assigns left to right and a later assignment
+// sees the earlier ones, so attempts, which the others test, comes last.
+func ClaimUpdateSQL(t outbox.Table, ids []outbox.ID, lease time.Duration, maxAttempts int) string {
+	var b strings.Builder
+	dead := "attempts >= " + strconv.Itoa(maxAttempts)
+	b.WriteString("UPDATE " + QuoteTable(t) + " SET\n")
+	b.WriteString("    last_error   = CASE WHEN " + dead + " THEN 'max attempts reached' ELSE last_error END,\n")
+	b.WriteString("    settled_at   = CASE WHEN " + dead + " THEN " + now + " END,\n")
+	b.WriteString("    available_at = CASE WHEN " + dead + " THEN available_at ELSE " + now + " + ")
+	micros(&b, lease)
+	b.WriteString(" END,\n")
+	b.WriteString("    state        = CASE WHEN " + dead + " THEN 'dead' ELSE 'processing' END,\n")
+	b.WriteString("    attempts     = CASE WHEN " + dead + " THEN attempts ELSE attempts + 1 END\nWHERE id IN ")
+	idList(&b, ids)
+	return b.String()
+}
+
+// Claim runs one short transaction: it settles p.Done (fenced, as in
+// Settle), reads the due rows with ClaimSQL and updates them with
+// ClaimUpdateSQL, then commits. Successes are settled first, so a success
+// whose lease lapsed is not claimed again by the same transaction.
+func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+	var claimed []outbox.Claimed
+	var done []outbox.Fence
+	err := d.inTx(ctx, db, "claim", func(tx outbox.DB) error {
+		claimed, done = nil, nil
+		if len(p.Done) > 0 {
+			s := make([]outbox.Settlement, len(p.Done))
+			for i, f := range p.Done {
+				s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
+			}
+			var err error
+			if done, err = settle(ctx, tx, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, s); err != nil {
+				return err
+			}
+		}
+		var err error
+		claimed, err = claim(ctx, tx, t, p)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return claimed, done, nil
+}
+
+func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, p.Limit))
+	if err != nil {
+		return nil, err
+	}
+	var out []outbox.Claimed
+	for rows.Next() {
+		var c outbox.Claimed
+		var id string
+		var key sql.NullString
+		var created int64
+		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &created); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if c.ID, err = outbox.ParseID(id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		c.Key = key.String
+		c.CreatedAt = time.UnixMicro(created).UTC()
+		// The rows are locked: the update below sees these attempts.
+		if c.Attempts >= p.MaxAttempts {
+			c.Dead = true
+		} else {
+			c.Attempts++
+		}
+		out = append(out, c)
+	}
+	if err := closeRows(rows); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	ids := make([]outbox.ID, len(out))
+	for i := range out {
+		ids[i] = out[i].ID
+	}
+	if err := exec(ctx, tx, ClaimUpdateSQL(t, ids, p.Lease, p.MaxAttempts)); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// closeRows closes rows and returns the first error of the iteration.
+func closeRows(rows outbox.Rows) error {
+	cerr := rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return cerr
+}
+
+// exec runs a statement that returns no rows.
+func exec(ctx context.Context, db outbox.DB, q string) error {
+	rows, err := db.QueryDB(ctx, q)
+	if err != nil {
+		return err
+	}
+	return closeRows(rows)
+}
+
+// LockSQL returns the locking read that fences settles and renewals: the
+// current attempts and state of the rows ids, locked until the commit.
+func LockSQL(t outbox.Table, ids []outbox.ID) string {
+	var b strings.Builder
+	b.WriteString("SELECT id, attempts, state FROM " + QuoteTable(t) + " WHERE id IN ")
+	idList(&b, ids)
+	b.WriteString(" AND state IN ('processing', 'dead') FOR UPDATE")
+	return b.String()
+}
+
+// held locks the rows of fences and returns, for each fence that holds, its
+// index in fences. A fence holds when its row has its attempts and state
+// processing, or state dead when deadOK says so for that fence (a row
+// dead-lettered at claim that the relay then deletes).
+func held(ctx context.Context, tx outbox.DB, t outbox.Table, fences []outbox.Fence, deadOK func(i int) bool) ([]int, error) {
+	ids := make([]outbox.ID, len(fences))
+	for i, f := range fences {
+		ids[i] = f.ID
+	}
+	rows, err := tx.QueryDB(ctx, LockSQL(t, ids))
+	if err != nil {
+		return nil, err
+	}
+	type row struct {
+		attempts int
+		dead     bool
+	}
+	cur := make(map[outbox.ID]row, len(fences))
+	for rows.Next() {
+		var id, state string
+		var r row
+		if err := rows.Scan(&id, &r.attempts, &state); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		pid, err := outbox.ParseID(id)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		r.dead = state == string(outbox.StateDead)
+		cur[pid] = r
+	}
+	if err := closeRows(rows); err != nil {
+		return nil, err
+	}
+	var out []int
+	for i, f := range fences {
+		r, ok := cur[f.ID]
+		if !ok || r.attempts != f.Attempts || (r.dead && (deadOK == nil || !deadOK(i))) {
+			continue
+		}
+		delete(cur, f.ID) // one settle per row
+		out = append(out, i)
+	}
+	return out, nil
+}
+
+func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+	var applied []outbox.Fence
+	err := d.inTx(ctx, db, "settle", func(tx outbox.DB) error {
+		var err error
+		applied, err = settle(ctx, tx, t, p, s)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("settle: %w", err)
+	}
+	return applied, nil
+}
+
+// settle writes s inside tx: it locks the rows, keeps the settlements whose
+// fence holds, and writes them with at most one statement per kind.
+func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+	fences := make([]outbox.Fence, len(s))
+	for i := range s {
+		fences[i] = s[i].Fence
+	}
+	idx, err := held(ctx, tx, t, fences, func(i int) bool { return s[i].Kind == outbox.SettleDead && p.DiscardDead })
+	if err != nil {
+		return nil, err
+	}
+	var done, retry, dead []outbox.Settlement
+	applied := make([]outbox.Fence, 0, len(idx))
+	for _, i := range idx {
+		switch s[i].Kind {
+		case outbox.SettleDone:
+			done = append(done, s[i])
+		case outbox.SettleRetry:
+			retry = append(retry, s[i])
+		case outbox.SettleDead:
+			dead = append(dead, s[i])
+		default:
+			continue
+		}
+		applied = append(applied, s[i].Fence)
+	}
+	for _, q := range SettleSQL(t, p, done, retry, dead) {
+		if err := exec(ctx, tx, q); err != nil {
+			return nil, err
+		}
+	}
+	return applied, nil
+}
+
+// SettleSQL returns the statements that write settlements whose rows are
+// locked and whose fences hold: done rows deleted (or marked delivered
+// with p.KeepDelivered), retry rows made pending again at their new time,
+// dead rows marked dead (or deleted with p.DiscardDead). An empty group has
+// no statement.
+func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox.Settlement) []string {
+	tbl := QuoteTable(t)
+	var out []string
+	where := func(b *strings.Builder, s []outbox.Settlement) {
+		b.WriteString(" WHERE id IN ")
+		idList(b, settlementIDs(s))
+		out = append(out, b.String())
+	}
+	if len(done) > 0 {
+		var b strings.Builder
+		if p.KeepDelivered {
+			b.WriteString("UPDATE " + tbl + " SET settled_at = " + now + ", last_error = NULL, state = 'delivered'")
+		} else {
+			b.WriteString("DELETE FROM " + tbl)
+		}
+		where(&b, done)
+	}
+	if len(retry) > 0 {
+		var b strings.Builder
+		b.WriteString("UPDATE " + tbl + " SET\n    last_error = ")
+		byID(&b, retry, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
+		b.WriteString(",\n    available_at = ")
+		byID(&b, retry, func(b *strings.Builder, x *outbox.Settlement) {
+			if x.At.IsZero() {
+				b.WriteString(now + " + ")
+				micros(b, x.Delay)
+				return
+			}
+			b.WriteString("GREATEST(" + now + ", '")
+			b.WriteString(clampTime(x.At).Format(datetime))
+			b.WriteString("')")
+		})
+		b.WriteString(",\n    state = 'pending'\n")
+		where(&b, retry)
+	}
+	if len(dead) > 0 {
+		var b strings.Builder
+		if p.DiscardDead {
+			b.WriteString("DELETE FROM " + tbl)
+		} else {
+			b.WriteString("UPDATE " + tbl + " SET\n    last_error = ")
+			byID(&b, dead, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
+			b.WriteString(",\n    settled_at = " + now + ",\n    state = 'dead'\n")
+		}
+		where(&b, dead)
+	}
+	return out
+}
+
+// byID writes a CASE on id giving each settlement's value.
+func byID(b *strings.Builder, s []outbox.Settlement, value func(b *strings.Builder, x *outbox.Settlement)) {
+	b.WriteString("CASE id")
+	for i := range s {
+		b.WriteString(" WHEN '")
+		b.WriteString(s[i].ID.String())
+		b.WriteString("' THEN ")
+		value(b, &s[i])
+	}
+	b.WriteString(" END")
+}
+
+func settlementIDs(s []outbox.Settlement) []outbox.ID {
+	ids := make([]outbox.ID, len(s))
+	for i := range s {
+		ids[i] = s[i].ID
+	}
+	return ids
+}
+
+// clampTime keeps t within what DATETIME(6) stores.
+func clampTime(t time.Time) time.Time {
+	t = t.UTC()
+	if lo := time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC); t.Before(lo) {
+		return lo
+	}
+	if hi := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC); t.After(hi) {
+		return hi
+	}
+	return t
+}
+
+// RenewSQL returns the lease renewal of locked rows whose fences hold.
+func RenewSQL(t outbox.Table, ids []outbox.ID, lease time.Duration) string {
+	var b strings.Builder
+	b.WriteString("UPDATE " + QuoteTable(t) + " SET available_at = " + now + " + ")
+	micros(&b, lease)
+	b.WriteString(" WHERE id IN ")
+	idList(&b, ids)
+	return b.String()
+}
+
+func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, fences []outbox.Fence) ([]outbox.Fence, error) {
+	var kept []outbox.Fence
+	err := d.inTx(ctx, db, "renew", func(tx outbox.DB) error {
+		kept = nil
+		idx, err := held(ctx, tx, t, fences, nil)
+		if err != nil || len(idx) == 0 {
+			return err
+		}
+		ids := make([]outbox.ID, len(idx))
+		for j, i := range idx {
+			ids[j] = fences[i].ID
+			kept = append(kept, fences[i])
+		}
+		return exec(ctx, tx, RenewSQL(t, ids, lease))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return kept, nil
+}
+
+// opBatch is the most rows one transaction of Redrive or Purge changes.
+const opBatch = 1000
+
+// batched runs an operation on many rows without locking a range: find, a
+// plain read (a consistent read, which takes no locks), lists up to
+// opBatch ids; write(ids) changes those that still qualify, by primary key,
+// in a short transaction of its own. It repeats until find comes back short
+// or a round changes nothing, and returns how many rows it changed
+// (ROW_COUNT() on the transaction's connection).
+func (d *dialect) batched(ctx context.Context, db outbox.DB, op, find string, write func(ids []outbox.ID) string) (int64, error) {
+	var total int64
+	for {
+		rows, err := db.QueryDB(ctx, find)
+		if err != nil {
+			return total, err
+		}
+		var ids []outbox.ID
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				rows.Close()
+				return total, err
+			}
+			id, err := outbox.ParseID(s)
+			if err != nil {
+				rows.Close()
+				return total, err
+			}
+			ids = append(ids, id)
+		}
+		if err := closeRows(rows); err != nil || len(ids) == 0 {
+			return total, err
+		}
+		var n int64
+		err = d.inTx(ctx, db, op, func(tx outbox.DB) error {
+			if err := exec(ctx, tx, write(ids)); err != nil {
+				return err
+			}
+			rows, err := tx.QueryDB(ctx, "SELECT ROW_COUNT()")
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				if err := rows.Scan(&n); err != nil {
+					rows.Close()
+					return err
+				}
+			}
+			return closeRows(rows)
+		})
+		total += n
+		if err != nil || len(ids) < opBatch || n == 0 {
+			return total, err
+		}
+	}
+}
+
+// RedriveSQL returns the redrive of dead rows of topic ("" for all): find
+// lists dead rows (dead rows have settled_at set, so the settled_at index
+// can find them), revive makes those of ids still dead pending again, due
+// now, with zero attempts.
+func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []outbox.ID) string) {
+	var cond strings.Builder
+	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'")
+	if topic != "" {
+		cond.WriteString(" AND topic = ")
+		text(&cond, topic)
+	}
+	tbl := QuoteTable(t)
+	find = "SELECT id FROM " + tbl + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
+	return find, func(ids []outbox.ID) string {
+		var b strings.Builder
+		b.WriteString("UPDATE " + tbl + " SET state = 'pending', attempts = 0, available_at = " + now + ", settled_at = NULL, last_error = NULL\nWHERE id IN ")
+		idList(&b, ids)
+		b.WriteString(" AND " + cond.String())
+		return b.String()
+	}
+}
+
+func (d *dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
+	find, revive := RedriveSQL(t, topic)
+	return d.batched(ctx, db, "redrive", find, revive)
+}
+
+// maxAge bounds the ages written into SQL: 200 years before now is still a
+// DATETIME.
+const maxAge = 200 * 365 * 24 * time.Hour
+
+// PurgeSQL returns the purge of rows in states settled more than olderThan
+// ago: find lists such rows (through the settled_at index when they are
+// few), remove deletes those of ids that still qualify.
+func PurgeSQL(t outbox.Table, states []outbox.State, olderThan time.Duration) (find string, remove func(ids []outbox.ID) string) {
+	var cond strings.Builder
+	cond.WriteString("state IN (")
+	n := 0
+	for _, s := range states {
+		if s != outbox.StateDelivered && s != outbox.StateDead {
+			continue // only terminal states are ever purged
+		}
+		if n > 0 {
+			cond.WriteString(", ")
+		}
+		n++
+		cond.WriteString("'" + string(s) + "'")
+	}
+	if n == 0 {
+		cond.WriteString("NULL")
+	}
+	cond.WriteString(") AND settled_at < " + now + " - ")
+	// Forever and other huge ages: keep the date within DATETIME's range.
+	micros(&cond, min(olderThan, maxAge))
+	tbl := QuoteTable(t)
+	find = "SELECT id FROM " + tbl + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
+	return find, func(ids []outbox.ID) string {
+		var b strings.Builder
+		b.WriteString("DELETE FROM " + tbl + " WHERE id IN ")
+		idList(&b, ids)
+		b.WriteString(" AND " + cond.String())
+		return b.String()
+	}
+}
+
+func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+	find, remove := PurgeSQL(t, states, olderThan)
+	return d.batched(ctx, db, "purge", find, remove)
+}
+
+func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
+	rows, err := db.QueryDB(ctx, `SELECT topic,
+    SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
+    COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), `+now+`), 0)
+FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`)
+	if err != nil {
+		return nil, err
+	}
+	var out []outbox.TopicStats
+	for rows.Next() {
+		var s outbox.TopicStats
+		var age int64
+		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &age); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		s.OldestPending = time.Duration(age) * time.Microsecond
+		out = append(out, s)
+	}
+	return out, closeRows(rows)
+}
+
+// ListenSQL returns "": MySQL has no notifications; relays poll.
+func (*dialect) ListenSQL(outbox.Table) string { return "" }
