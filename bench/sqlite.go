@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 func sqliteFile(ctx context.Context, dir, name string) (*sql.DB, *outbox.Outbox) {
 	path := filepath.Join(dir, name+".db")
 	os.Remove(path)
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
 	check(err)
 	check(sqlite.Migrate(ctx, db, ""))
 	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
@@ -94,14 +95,22 @@ func sqliteBench(ctx context.Context) {
 		t0 := time.Now()
 		claim := `UPDATE "outbox" SET state = 'processing', attempts = attempts + 1, available_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 30000
 WHERE id IN (SELECT id FROM "outbox" WHERE state IN ('pending', 'processing') AND available_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) AND topic = 'bench'
-ORDER BY available_at, id LIMIT 100) RETURNING id`
+ORDER BY available_at, id LIMIT 100) RETURNING id, topic, payload`
+		if *rawIDs {
+			claim = strings.TrimSuffix(claim, ", topic, payload")
+		}
 		for {
 			rows, err := db.QueryContext(ctx, claim)
 			check(err)
 			var ids []string
 			for rows.Next() {
-				var id string
-				check(rows.Scan(&id))
+				var id, topic string
+				var payload []byte
+				if *rawIDs {
+					check(rows.Scan(&id))
+				} else {
+					check(rows.Scan(&id, &topic, &payload))
+				}
 				ids = append(ids, id)
 			}
 			check(rows.Err())
@@ -176,6 +185,29 @@ func sqliteStmts(ctx context.Context) {
 		carried := time.Since(t0)
 		db.Close()
 
+		// The same statements, the carried settle and the claim in one
+		// transaction (one commit per batch).
+		db, ob = sqliteFile(ctx, dir, "stmt")
+		sqliteFill(ctx, db, ob, *n)
+		done = done[:0]
+		t0 = time.Now()
+		for {
+			tx, err := db.BeginTx(ctx, nil)
+			check(err)
+			claimed, _, err := d.Claim(ctx, sqlTxDB{tx}, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
+			check(err)
+			check(tx.Commit())
+			if len(claimed) == 0 {
+				break
+			}
+			done = done[:0]
+			for _, c := range claimed {
+				done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+			}
+		}
+		fmt.Printf("round %d one transaction per claim and carried settle: %.2fs\n", round, time.Since(t0).Seconds())
+		db.Close()
+
 		db, ob = sqliteFile(ctx, dir, "stmt")
 		sqliteFill(ctx, db, ob, *n)
 		pdb = sqltx.Pool(db)
@@ -197,4 +229,10 @@ func sqliteStmts(ctx context.Context) {
 		fmt.Printf("round %d claim statements carrying settles: %.2fs; claim statement + raw delete: %.2fs\n", round, carried.Seconds(), time.Since(t0).Seconds())
 		db.Close()
 	}
+}
+
+type sqlTxDB struct{ tx *sql.Tx }
+
+func (d sqlTxDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+	return d.tx.QueryContext(ctx, q, args...)
 }

@@ -25,16 +25,21 @@ func NewID() ID { return ID(ulid.Make()) }
 // String returns the canonical lower-case UUID form of id.
 func (id ID) String() string {
 	var b [36]byte
-	hex.Encode(b[0:8], id[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], id[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], id[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], id[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], id[10:])
-	return string(b[:])
+	return string(id.AppendText(b[:0]))
+}
+
+// AppendText implements encoding.TextAppender: it appends the form of
+// [ID.String] to b.
+func (id ID) AppendText(b []byte) []byte {
+	b = hex.AppendEncode(b, id[0:4])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, id[4:6])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, id[6:8])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, id[8:10])
+	b = append(b, '-')
+	return hex.AppendEncode(b, id[10:])
 }
 
 // IsZero reports whether id is the zero ID.
@@ -64,9 +69,28 @@ func ParseID(s string) (ID, error) {
 	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return id, fmt.Errorf("outbox: parse id %q: want the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", s)
 	}
-	src := s[0:8] + s[9:13] + s[14:18] + s[19:23] + s[24:]
-	if _, err := hex.Decode(id[:], []byte(src)); err != nil {
-		return ID{}, fmt.Errorf("outbox: parse id %q: %w", s, err)
+	// The groups of hex digits and where their bytes go.
+	for _, g := range [...]struct{ from, to, at int }{{0, 8, 0}, {9, 13, 4}, {14, 18, 6}, {19, 23, 8}, {24, 36, 10}} {
+		for i := g.from; i < g.to; i += 2 {
+			hi, ok1 := unhex(s[i])
+			lo, ok2 := unhex(s[i+1])
+			if !ok1 || !ok2 {
+				return ID{}, fmt.Errorf("outbox: parse id %q: invalid hex digit", s)
+			}
+			id[g.at+(i-g.from)/2] = hi<<4 | lo
+		}
 	}
 	return id, nil
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }

@@ -91,7 +91,14 @@ func TestIDs(t *testing.T) {
 			t.Fatalf("upper case %q: %v", s, err)
 		}
 	}
-	for _, bad := range []string{"", "0", "01ARZ3NDEKTSV4RRFFQ69G5FAV", "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz", "0123456789abcdef0123456789abcdef0123"} {
+	fixed := ID{0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0xfe, 0xff}
+	if s := fixed.String(); s != "00010203-0405-0607-0809-0a0b0c0dfeff" {
+		t.Errorf("String() = %s", s)
+	}
+	if p, err := ParseID("00010203-0405-0607-0809-0A0B0C0DFEFF"); err != nil || p != fixed {
+		t.Errorf("ParseID = %v, %v", p, err)
+	}
+	for _, bad := range []string{"", "0", "00010203-0405-0607-0809-0a0b0c0dfefg", "00010203x0405-0607-0809-0a0b0c0dfeff", "01ARZ3NDEKTSV4RRFFQ69G5FAV", "zzzzzzzz-zzzz-zzzz-zzzz-zzzzzzzzzzzz", "0123456789abcdef0123456789abcdef0123"} {
 		if _, err := ParseID(bad); err == nil {
 			t.Errorf("ParseID(%q) succeeded", bad)
 		}

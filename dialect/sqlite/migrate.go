@@ -3,8 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"time"
 
+	"github.com/oncommit/oncommit/internal/backoff"
 	"github.com/oncommit/oncommit/internal/migrate"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
@@ -15,7 +18,12 @@ import (
 // run yet, inside one BEGIN IMMEDIATE transaction: the write lock makes
 // processes that start together apply each migration once. Applied versions
 // are recorded in the table oncommit_migrations.
-func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
+//
+// SQLite may answer SQLITE_BUSY at once, without waiting out the busy
+// timeout, where waiting could deadlock: connections that open a new file
+// together and all switch it to WAL, for one. Migrate then starts over,
+// after a short pause, for up to a minute (or until ctx ends).
+func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	t, migs, err := migrate.Prepare(migrations.SQLite(), table)
 	if err != nil {
 		return err
@@ -23,6 +31,28 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 	if t.Schema != "" {
 		return &outbox.ConfigError{Field: "Table", Reason: "SQLite tables cannot be schema-qualified"}
 	}
+	deadline := time.Now().Add(time.Minute)
+	for attempt := 1; ; attempt++ {
+		err = migrateOnce(ctx, db, t, migs)
+		if err == nil || !busy(err) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff.Policy{Base: 5 * time.Millisecond, Cap: 200 * time.Millisecond, Jitter: 1}.Delay(attempt)):
+		}
+	}
+}
+
+// busy reports whether err is SQLITE_BUSY, from a driver whose errors tell
+// their result code (modernc.org/sqlite's do).
+func busy(err error) bool {
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 5
+}
+
+func migrateOnce(ctx context.Context, db *sql.DB, t outbox.Table, migs []migrations.Migration) (err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)

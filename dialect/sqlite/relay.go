@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
@@ -116,15 +117,18 @@ const values = `(SELECT value->>0 AS id, value->>1 AS attempts, value->>2 AS del
 
 // SettleSQL returns the fenced settle statements for table t, each over
 // ?1, the settlements as a JSON array of [id, attempts, delay ms, at ms,
-// error] (and, for the two deletes, ?2, their "id:attempts" keys as a JSON
-// array): done (delete or mark delivered), retry, dead (mark or delete).
+// error] (the two deletes take instead ?1 their ids and ?2 their
+// "id:attempts" keys, as JSON arrays): done (delete or mark delivered),
+// retry, dead (mark or delete).
 func SettleSQL(t outbox.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
 	tbl := QuoteTable(t)
 	const fence = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
-	// ?2 lists "id:attempts" keys: IN (subquery) is evaluated once into a
-	// lookup table, where a row-value IN over json_each compares every pair
-	// with every row; id IN ... lets the primary key find the rows.
-	pairs := ` AND id IN (SELECT value->>0 FROM json_each(?1)) AND id || ':' || attempts IN (SELECT value FROM json_each(?2)) RETURNING id, attempts`
+	// The deletes take ?1, the ids, and ?2, the "id:attempts" keys, as two
+	// JSON arrays of strings: id IN ... lets the primary key find the rows,
+	// and the keys' IN (subquery) is evaluated once into a lookup table
+	// (a row-value IN over json_each would compare every pair with every
+	// row).
+	pairs := ` AND id IN (SELECT value FROM json_each(?1)) AND id || ':' || attempts IN (SELECT value FROM json_each(?2)) RETURNING id, attempts`
 	deleteDone = `DELETE FROM ` + tbl + ` WHERE state = 'processing'` + pairs
 	markDelivered = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = ` + now + `, last_error = NULL FROM ` + values + fence
 	retry = `UPDATE ` + tbl + ` AS o SET state = 'pending', last_error = v.err,
@@ -145,18 +149,40 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 		q = deleteDead
 	}
 	if q == deleteDone || q == deleteDead {
-		return sqlbuild.Fences(ctx, db, q, settleRows(s), fenceKeys(s))
+		ids, keys := fenceLists(s)
+		return sqlbuild.Fences(ctx, db, q, ids, keys)
 	}
 	return sqlbuild.Fences(ctx, db, q, settleRows(s))
 }
 
-// fenceKeys is the JSON array of "id:attempts" keys of s.
-func fenceKeys(s []outbox.Settlement) string {
-	keys := make([]string, len(s))
+// fenceLists returns the JSON arrays of the ids of s and of their
+// "id:attempts" keys, written directly: ids print as UUID text, which JSON
+// strings hold as is.
+func fenceLists(s []outbox.Settlement) (ids, keys string) {
+	var bi, bk strings.Builder
+	bi.Grow(2 + 39*len(s))
+	bk.Grow(2 + 44*len(s))
+	bi.WriteByte('[')
+	bk.WriteByte('[')
+	var buf [36]byte
 	for i, x := range s {
-		keys[i] = x.ID.String() + ":" + strconv.Itoa(x.Attempts)
+		if i > 0 {
+			bi.WriteByte(',')
+			bk.WriteByte(',')
+		}
+		x.ID.AppendText(buf[:0])
+		bi.WriteByte('"')
+		bi.Write(buf[:])
+		bi.WriteByte('"')
+		bk.WriteByte('"')
+		bk.Write(buf[:])
+		bk.WriteByte(':')
+		bk.WriteString(strconv.Itoa(x.Attempts))
+		bk.WriteByte('"')
 	}
-	return jsonText(keys)
+	bi.WriteByte(']')
+	bk.WriteByte(']')
+	return bi.String(), bk.String()
 }
 
 func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {

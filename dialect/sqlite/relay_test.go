@@ -170,7 +170,7 @@ func TestRelayOutcomes(t *testing.T) {
 // message once.
 func TestRelaysShareOneFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "shared.db")
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -9,9 +9,11 @@
 //
 // Use it through database/sql and adapters/sqltx with a pure-Go driver such
 // as modernc.org/sqlite (no cgo). Open the database in WAL mode with a busy
-// timeout, for example
+// timeout, busy timeout first (the driver applies the pragmas in order, and
+// switching a new file to WAL takes a lock that connections opening at the
+// same time must wait for), for example
 //
-//	sql.Open("sqlite", "file:app.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+//	sql.Open("sqlite", "file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
 //
 // SQLite allows one writer at a time; ids are stored as the canonical UUID
 // text of the message id, which sorts by time and reads back as

@@ -41,7 +41,7 @@ func run(ctx context.Context) error {
 	fmt.Println("oncommit quick start: the transactional outbox on SQLite")
 	fmt.Println("database file:", path)
 
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
 	if err != nil {
 		return err
 	}
