@@ -48,7 +48,7 @@ func Dialect() outbox.Dialect {
 		// name in a list that grows with the statement, which makes binding
 		// a batch of n rows cost n² steps; anonymous ones have no name.
 		Placeholder: func(b *strings.Builder, _ int) { b.WriteByte('?') },
-		Now: now,
+		Now:         now,
 		Delay: func(b *strings.Builder, p func()) {
 			b.WriteString(now + " + ")
 			p()
