@@ -74,6 +74,18 @@ type DB interface {
 	QueryDB(ctx context.Context, query string, args ...any) (Rows, error)
 }
 
+// PreparedDB is implemented by a [DB] that can keep statements prepared
+// for reuse. A dialect whose database parses statements at a cost that
+// matters (SQLite, in the same process) runs its hot statements through it;
+// the others leave statement caching to the driver (pgx has its own).
+// sqltx.DB implements it.
+type PreparedDB interface {
+	DB
+	// QueryPrepared runs query like QueryDB, as a statement prepared the
+	// first time and kept for the next calls.
+	QueryPrepared(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
 // TxDB is implemented by a [DB] that can run several statements in one
 // short transaction on one connection, for dialects whose claim needs more
 // than one statement (MySQL and MariaDB have no UPDATE ... RETURNING: they

@@ -16,6 +16,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/oncommit/oncommit/internal/pglisten"
@@ -76,7 +78,16 @@ func txDone(err error) error {
 // Build it with [Pool].
 type DB struct {
 	db *sql.DB
+
+	// stmts holds the statements QueryPrepared prepared, by text; at most
+	// maxPrepared of them, so a caller that builds texts cannot grow it
+	// without bound (beyond that, statements run unprepared).
+	stmts    sync.Map // string -> *sql.Stmt
+	prepared atomic.Int32
 }
+
+// maxPrepared bounds the statements a DB keeps prepared.
+const maxPrepared = 64
 
 // Pool returns db as an [outbox.DB]. With pgx's stdlib driver it can also
 // listen for notifications (on a connection it takes from db for as long as
@@ -90,6 +101,48 @@ func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Row
 		return nil, err
 	}
 	return rows, nil
+}
+
+// QueryPrepared runs query like QueryDB, as a prepared statement kept for
+// the next calls (database/sql prepares it again on each connection that
+// runs it). It implements [outbox.PreparedDB]; the SQLite dialect runs its
+// claim and settle statements this way.
+func (d *DB) QueryPrepared(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	st, err := d.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return d.QueryDB(ctx, query, args...)
+	}
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// stmt returns the prepared statement for query, preparing it the first
+// time, or nil when maxPrepared statements are kept already.
+func (d *DB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := d.stmts.Load(query); ok {
+		return st.(*sql.Stmt), nil
+	}
+	if d.prepared.Add(1) > maxPrepared {
+		d.prepared.Add(-1)
+		return nil, nil
+	}
+	st, err := d.db.PrepareContext(ctx, query)
+	if err != nil {
+		d.prepared.Add(-1)
+		return nil, err
+	}
+	if prev, loaded := d.stmts.LoadOrStore(query, st); loaded {
+		d.prepared.Add(-1)
+		st.Close()
+		return prev.(*sql.Stmt), nil
+	}
+	return st, nil
 }
 
 // ListenDB listens for notifications on a connection taken from the pool,

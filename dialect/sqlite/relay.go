@@ -38,6 +38,23 @@ WHERE id IN (
 RETURNING id, topic, message_key, payload, headers, attempts, state, created_at`
 }
 
+// prepared returns db running its statements prepared, when it can: SQLite
+// parses a statement in the caller's process, and the claim and settle
+// statements are long, so parsing each of them once saves a fifth of the
+// claim's cost.
+func prepared(db outbox.DB) outbox.DB {
+	if p, ok := db.(outbox.PreparedDB); ok {
+		return preparedDB{p}
+	}
+	return db
+}
+
+type preparedDB struct{ outbox.PreparedDB }
+
+func (p preparedDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	return p.QueryPrepared(ctx, query, args...)
+}
+
 func jsonText(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -50,6 +67,7 @@ func jsonText(v any) string {
 // is cheap (WAL), and each statement takes the write lock on its own, so
 // there is nothing to gain from one transaction for both.
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+	db = prepared(db)
 	var done []outbox.Fence
 	if len(p.Done) > 0 {
 		var err error
@@ -186,6 +204,7 @@ func fenceLists(s []outbox.Settlement) (ids, keys string) {
 }
 
 func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+	db = prepared(db)
 	byKind := map[outbox.SettleKind][]outbox.Settlement{}
 	for _, x := range s {
 		byKind[x.Kind] = append(byKind[x.Kind], x)
@@ -212,7 +231,7 @@ func RenewSQL(t outbox.Table) string {
 }
 
 func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return sqlbuild.Fences(ctx, db, RenewSQL(t), settleRows(fenceSettlements(held)), lease.Milliseconds())
+	return sqlbuild.Fences(ctx, prepared(db), RenewSQL(t), settleRows(fenceSettlements(held)), lease.Milliseconds())
 }
 
 // count runs a statement and counts the rows it returns.
