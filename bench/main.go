@@ -88,6 +88,9 @@ func main() {
 	if *only == "stmt" {
 		stmts(ctx, pool)
 	}
+	if *only == "mysql" {
+		mysqlBench(ctx)
+	}
 	if *only == "sqlite-stmt" {
 		sqliteStmts(ctx)
 	}
