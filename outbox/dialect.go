@@ -102,6 +102,15 @@ type TxDB interface {
 	InTx(ctx context.Context, f func(tx DB) error) error
 }
 
+// ExecDB is implemented by a [DB] that can report how many rows a statement
+// changed; the DB that sqltx's InTx passes to f implements it. Where the
+// database has no RETURNING, a dialect counts the rows its fenced writes
+// changed: when every fence held, one statement was enough.
+type ExecDB interface {
+	// ExecDB runs one statement and returns the number of rows it changed.
+	ExecDB(ctx context.Context, query string, args ...any) (int64, error)
+}
+
 // StoredLister is implemented by a [Dialect] whose Insert statement cannot
 // return the ids of the rows it stored (MySQL has no INSERT ... RETURNING;
 // its INSERT ... ON DUPLICATE KEY UPDATE skips duplicates without an

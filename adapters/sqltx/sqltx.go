@@ -188,8 +188,17 @@ func (d *DB) InTx(ctx context.Context, f func(tx outbox.DB) error) error {
 	return tx.Commit()
 }
 
-// txDB is a transaction as an outbox.DB.
+// txDB is a transaction as an outbox.DB and an outbox.ExecDB.
 type txDB struct{ tx *sql.Tx }
+
+// ExecDB runs query on the transaction and returns the rows it changed.
+func (t txDB) ExecDB(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := t.tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
 
 func (t txDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
 	rows, err := t.tx.QueryContext(ctx, query, args...)

@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -94,15 +95,15 @@ func ClaimUpdateSQL(t outbox.Table, ids []outbox.ID, lease time.Duration, maxAtt
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
 	var claimed []outbox.Claimed
 	var done []outbox.Fence
-	err := d.inTx(ctx, db, "claim", func(tx outbox.DB) error {
+	s := make([]outbox.Settlement, len(p.Done))
+	for i, f := range p.Done {
+		s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
+	}
+	err := d.fenced(ctx, db, "claim", func(tx outbox.DB, exact bool) error {
 		claimed, done = nil, nil
-		if len(p.Done) > 0 {
-			s := make([]outbox.Settlement, len(p.Done))
-			for i, f := range p.Done {
-				s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
-			}
+		if len(s) > 0 {
 			var err error
-			if done, err = settle(ctx, tx, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, s); err != nil {
+			if done, err = settle(ctx, tx, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, s, exact); err != nil {
 				return err
 			}
 		}
@@ -114,6 +115,24 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 		return nil, nil, err
 	}
 	return claimed, done, nil
+}
+
+// errStaleFence reports that a fenced write changed fewer rows than it had
+// settlements: some fence did not hold, and the transaction is run again
+// the exact way to learn which.
+var errStaleFence = errors.New("mysql: a fence did not hold")
+
+// fenced runs f in a transaction (see inTx), first with exact false: f
+// writes settlements with fenced statements and checks only the count of
+// rows they changed, one statement per kind. When a fence did not hold (f
+// returns errStaleFence), it runs f again with exact true: f then locks the
+// rows and checks each fence before writing.
+func (d *dialect) fenced(ctx context.Context, db outbox.DB, op string, f func(tx outbox.DB, exact bool) error) error {
+	err := d.inTx(ctx, db, op, func(tx outbox.DB) error { return f(tx, false) })
+	if errors.Is(err, errStaleFence) {
+		err = d.inTx(ctx, db, op, func(tx outbox.DB) error { return f(tx, true) })
+	}
+	return err
 }
 
 func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
@@ -239,9 +258,9 @@ func held(ctx context.Context, tx outbox.DB, t outbox.Table, fences []outbox.Fen
 
 func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
 	var applied []outbox.Fence
-	err := d.inTx(ctx, db, "settle", func(tx outbox.DB) error {
+	err := d.fenced(ctx, db, "settle", func(tx outbox.DB, exact bool) error {
 		var err error
-		applied, err = settle(ctx, tx, t, p, s)
+		applied, err = settle(ctx, tx, t, p, s, exact)
 		return err
 	})
 	if err != nil {
@@ -250,9 +269,41 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 	return applied, nil
 }
 
-// settle writes s inside tx: it locks the rows, keeps the settlements whose
-// fence holds, and writes them with at most one statement per kind.
-func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+// settle writes s inside tx with at most one fenced statement per kind.
+// Unless exact, it trusts the counts of rows changed (tx must be an
+// outbox.ExecDB): all of s applied when they add up to len(s), else it
+// returns errStaleFence. When exact, it first locks the rows and keeps the
+// settlements whose fence holds, so it knows which applied.
+func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement, exact bool) ([]outbox.Fence, error) {
+	if ex, ok := tx.(outbox.ExecDB); ok && !exact {
+		var done, retry, dead []outbox.Settlement
+		for _, x := range s {
+			switch x.Kind {
+			case outbox.SettleDone:
+				done = append(done, x)
+			case outbox.SettleRetry:
+				retry = append(retry, x)
+			case outbox.SettleDead:
+				dead = append(dead, x)
+			}
+		}
+		var changed int64
+		for _, q := range SettleSQL(t, p, done, retry, dead) {
+			n, err := ex.ExecDB(ctx, q)
+			if err != nil {
+				return nil, err
+			}
+			changed += n
+		}
+		if changed != int64(len(s)) {
+			return nil, errStaleFence
+		}
+		fences := make([]outbox.Fence, len(s))
+		for i := range s {
+			fences[i] = s[i].Fence
+		}
+		return fences, nil
+	}
 	fences := make([]outbox.Fence, len(s))
 	for i := range s {
 		fences[i] = s[i].Fence
@@ -284,17 +335,26 @@ func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettlePa
 	return applied, nil
 }
 
-// SettleSQL returns the statements that write settlements whose rows are
-// locked and whose fences hold: done rows deleted (or marked delivered
-// with p.KeepDelivered), retry rows made pending again at their new time,
-// dead rows marked dead (or deleted with p.DiscardDead). An empty group has
-// no statement.
+// SettleSQL returns the fenced statements that write settlements: done
+// rows deleted (or marked delivered with p.KeepDelivered), retry rows made
+// pending again at their new time, dead rows marked dead (or deleted with
+// p.DiscardDead), each only where the row still has the settlement's
+// attempts and state processing (or dead, for a dead-lettered row deleted
+// with p.DiscardDead). An empty group has no statement.
 func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox.Settlement) []string {
 	tbl := QuoteTable(t)
 	var out []string
-	where := func(b *strings.Builder, s []outbox.Settlement) {
+	where := func(b *strings.Builder, s []outbox.Settlement, states string) {
 		b.WriteString(" WHERE id IN ")
 		idList(b, settlementIDs(s))
+		b.WriteString(" AND state IN (" + states + ") AND (id, attempts) IN (")
+		for i := range s {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("('" + s[i].ID.String() + "'," + strconv.Itoa(s[i].Attempts) + ")")
+		}
+		b.WriteByte(')')
 		out = append(out, b.String())
 	}
 	if len(done) > 0 {
@@ -304,7 +364,7 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 		} else {
 			b.WriteString("DELETE FROM " + tbl)
 		}
-		where(&b, done)
+		where(&b, done, "'processing'")
 	}
 	if len(retry) > 0 {
 		var b strings.Builder
@@ -322,18 +382,21 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 			b.WriteString("')")
 		})
 		b.WriteString(",\n    state = 'pending'\n")
-		where(&b, retry)
+		where(&b, retry, "'processing'")
 	}
 	if len(dead) > 0 {
 		var b strings.Builder
+		states := "'processing'"
 		if p.DiscardDead {
+			// A row dead-lettered at claim is deleted from state dead.
+			states = "'processing', 'dead'"
 			b.WriteString("DELETE FROM " + tbl)
 		} else {
 			b.WriteString("UPDATE " + tbl + " SET\n    last_error = ")
 			byID(&b, dead, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
 			b.WriteString(",\n    settled_at = " + now + ",\n    state = 'dead'\n")
 		}
-		where(&b, dead)
+		where(&b, dead, states)
 	}
 	return out
 }

@@ -474,3 +474,48 @@ func lockWaits(t *testing.T, db string) int {
 	}
 	return n
 }
+
+// TestMixedFences: a settle batch and a claim's carried successes that mix
+// holding and stale fences apply exactly the holding ones (the counted fast
+// path falls back to locking the rows and checking each fence).
+func TestMixedFences(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{false, true} {
+		e := newEnv(t, nil, outbox.Config{})
+		d := mysql.Dialect().(outbox.RelayDialect)
+		db := sqltx.Pool(e.pool)
+		ctx := context.Background()
+		ids := e.publish(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
+		p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5}
+		if cs, _, err := d.Claim(ctx, db, e.ob.Table(), p); err != nil || len(cs) != 3 {
+			t.Fatalf("claim: %v %v", cs, err)
+		}
+		applied, err := d.Settle(ctx, db, e.ob.Table(), outbox.SettleParams{KeepDelivered: keep}, []outbox.Settlement{
+			{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone},
+			{Fence: outbox.Fence{ID: ids[1], Attempts: 7}, Kind: outbox.SettleDone},
+			{Fence: outbox.Fence{ID: ids[1], Attempts: 1}, Kind: outbox.SettleRetry, Delay: time.Hour, Error: "later"},
+		})
+		if err != nil || len(applied) != 2 || applied[0] != (outbox.Fence{ID: ids[0], Attempts: 1}) || applied[1] != (outbox.Fence{ID: ids[1], Attempts: 1}) {
+			t.Errorf("keep %v: settle applied %v, %v; want the first success and the retry", keep, applied, err)
+		}
+		if n := count(t, e.table, `id = ? AND state = 'pending' AND last_error = 'later' AND available_at > UTC_TIMESTAMP(6) + INTERVAL 59 MINUTE`, ids[1].String()); n != 1 {
+			t.Error("retry not written")
+		}
+		p.Done = []outbox.Fence{{ID: ids[2], Attempts: 1}, {ID: ids[0], Attempts: 1}} // the second is settled already
+		p.KeepDelivered = keep
+		cs, done, err := d.Claim(ctx, db, e.ob.Table(), p)
+		if err != nil || len(done) != 1 || done[0] != p.Done[0] {
+			t.Errorf("keep %v: carried successes applied %v, %v; want only %v", keep, done, err, p.Done[0])
+		}
+		if len(cs) != 1 || cs[0].ID != ids[3] {
+			t.Errorf("claimed %v, want only the fourth message", cs)
+		}
+		want := 0
+		if keep {
+			want = 2
+		}
+		if n := count(t, e.table, `state = 'delivered'`); n != want {
+			t.Errorf("keep %v: %d delivered rows, want %d", keep, n, want)
+		}
+	}
+}
