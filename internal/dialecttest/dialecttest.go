@@ -64,6 +64,7 @@ func Run(t *testing.T, h Harness) {
 		{"ClaimLimitsAndDisjointness", claimLimits},
 		{"LeaseReclaim", leaseReclaim},
 		{"Fencing", fencing},
+		{"FencingMixedBatch", fencingMixedBatch},
 		{"RetryThenSuccess", retryThenSuccess},
 		{"DeadLetterAndRedrive", deadLetterAndRedrive},
 		{"CancelAndInvalidPayload", cancelAndInvalid},
@@ -316,6 +317,72 @@ func fencing(t *testing.T, e *env) {
 	applied, _ = e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 2}, Kind: outbox.SettleRetry}})
 	if len(applied) != 0 || e.count(t, idIs(res[0].ID)+" AND state = 'dead'") != 1 {
 		t.Error("a dead message came back")
+	}
+}
+
+// fencingMixedBatch settles batches whose messages were claimed with
+// different attempts, some stale: each applies exactly where its own
+// (id, attempts) still holds, for successes settled alone, carried by a
+// claim, or kept as delivered, and for dead letters discarded.
+func fencingMixedBatch(t *testing.T, e *env) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		p     outbox.SettleParams
+		kind  outbox.SettleKind
+		carry bool
+	}{
+		{"done", outbox.SettleParams{}, outbox.SettleDone, false},
+		{"done carried by a claim", outbox.SettleParams{}, outbox.SettleDone, true},
+		{"done kept", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, false},
+		{"dead discarded", outbox.SettleParams{DiscardDead: true}, outbox.SettleDead, false},
+	} {
+		topic := fmt.Sprintf("mixed%d", tc.kind*10+outbox.SettleKind(len(tc.name)))
+		res := e.publish(t, outbox.Message{Topic: topic}, outbox.Message{Topic: topic}, outbox.Message{Topic: topic})
+		a, b, c := res[0].ID, res[1].ID, res[2].ID
+		p := outbox.ClaimParams{Topics: []string{topic}, Limit: 3, Lease: 50 * time.Millisecond, MaxAttempts: 5}
+		if n := len(claim(t, e, p)); n != 3 {
+			t.Fatalf("%s: claimed %d", tc.name, n)
+		}
+		time.Sleep(120 * time.Millisecond)
+		// a and b are claimed again (attempts 2); c keeps its lapsed claim.
+		p.Limit, p.Lease = 2, time.Minute
+		if cs := claim(t, e, p); len(cs) != 2 || cs[0].ID != a || cs[1].ID != b {
+			t.Fatalf("%s: second claim %v", tc.name, cs)
+		}
+		batch := []outbox.Fence{{ID: a, Attempts: 1}, {ID: b, Attempts: 2}, {ID: c, Attempts: 1}}
+		var applied []outbox.Fence
+		var err error
+		if tc.carry {
+			var cs []outbox.Claimed
+			cs, applied, err = e.rd.Claim(ctx, e.DB, e.ob.Table(), outbox.ClaimParams{Topics: []string{topic}, Limit: 10, Lease: time.Minute, MaxAttempts: 5, Done: batch})
+			if err == nil && len(cs) != 0 {
+				t.Errorf("%s: the carrying claim took %v", tc.name, cs)
+			}
+		} else {
+			ss := make([]outbox.Settlement, len(batch))
+			for i, f := range batch {
+				ss[i] = outbox.Settlement{Fence: f, Kind: tc.kind, Error: "x"}
+			}
+			applied, err = e.rd.Settle(ctx, e.DB, e.ob.Table(), tc.p, ss)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got := map[outbox.Fence]bool{}
+		for _, f := range applied {
+			got[f] = true
+		}
+		if len(applied) != 2 || !got[batch[1]] || !got[batch[2]] {
+			t.Errorf("%s: applied %v, want b@2 and c@1", tc.name, applied)
+		}
+		if n := e.count(t, idIs(a)+" AND state = 'processing' AND attempts = 2"); n != 1 {
+			t.Errorf("%s: the stale fence changed a", tc.name)
+		}
+		left := e.count(t, "topic = '"+topic+"'")
+		if want := map[bool]int{true: 3, false: 1}[tc.p.KeepDelivered]; left != want {
+			t.Errorf("%s: %d rows left, want %d", tc.name, left, want)
+		}
 	}
 }
 
