@@ -38,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -261,14 +262,16 @@ func drain(ctx context.Context, pool *pgxpool.Pool) {
 			ob := table(ctx, pool, "drain")
 			fill(ctx, pool, ob, *n, "bench")
 			run := c.prep(ob)
+			cpu0 := processCPU()
 			t0 := time.Now()
 			run()
 			secs := time.Since(t0).Seconds()
+			cpu := processCPU() - cpu0
 			if left := remaining(ctx, pool, ob); left != 0 {
 				check(fmt.Errorf("%s left %d rows", c.name, left))
 			}
 			res[c.name] = append(res[c.name], secs)
-			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  %s\n", round, c.name, secs, float64(*n)/secs, stats)
+			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  %s\n", round, c.name, secs, float64(*n)/secs, float64(cpu.Microseconds())/float64(*n), stats)
 		}
 	}
 	med := func(name string) float64 { return median(res[name]) }
@@ -442,4 +445,11 @@ func (d timedDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Row
 		acc = &claimTime
 	}
 	return timedRows{rows, start, acc}, nil
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	check(syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

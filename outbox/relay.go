@@ -213,10 +213,12 @@ type Relay struct {
 	settleP SettleParams
 
 	mu       sync.Mutex
-	handlers map[string]Handler
+	handlers map[string]Handler // written before Run only: read without mu after
 	topics   []string
 	started  bool
-	inflight map[Fence]*inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
+
+	inflightMu sync.Mutex
+	inflight   map[Fence]inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
 
 	wake    chan struct{} // a notification, a freed slot, a reconnect
 	results chan Settlement
@@ -225,8 +227,14 @@ type Relay struct {
 	// done holds successes waiting to be written: the next claim takes
 	// them into its own statement, or the settler writes them after
 	// doneLinger when no claim came.
-	doneMu sync.Mutex
-	done   []Settlement
+	// Handlers append their successes here themselves (no trip through
+	// results and the settler); doneAdded tells the settler to arm its
+	// doneLinger timer, and doneClosed is set when the settler has taken
+	// the last of them at shutdown.
+	doneMu     sync.Mutex
+	done       []Settlement
+	doneAdded  chan struct{}
+	doneClosed bool
 	// carried is when a claim last carried successes (unix nanoseconds):
 	// while claims keep coming, the settler leaves successes to them.
 	carried atomic.Int64
@@ -258,7 +266,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
 		settleP:  SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
 		handlers: map[string]Handler{},
-		inflight: map[Fence]*inflight{},
+		inflight: map[Fence]inflight{},
 		wake:     make(chan struct{}, 1),
 	}
 	if cfg.Listen != NotifyOff {
@@ -319,6 +327,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// for the settler (and keep their slots) while it writes.
 	r.results = make(chan Settlement, max(4*r.cfg.Concurrency, 4*r.cfg.BatchSize, 1024))
 	r.settled = make(chan struct{})
+	r.doneAdded = make(chan struct{}, 1)
 	r.mu.Unlock()
 
 	// handlersCtx outlives ctx by the grace period.
@@ -378,8 +387,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // enough slots are free (see threshold), so a busy relay claims in batches
 // rather than one row per finished handler.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
-	sem := make(chan struct{}, r.cfg.Concurrency)
+	// running counts the handlers in flight; each one that ends signals
+	// freed (coalesced).
+	var running atomic.Int64
 	freed := make(chan struct{}, 1)
+	free := func() int { return r.cfg.Concurrency - int(running.Load()) }
 	// After a full claim, claim again once this many slots are free: a whole
 	// batch when the slots hold two batches (one runs while the next is
 	// claimed), else half of what fits.
@@ -392,7 +404,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	failures := 0
 	full := false // the last claim filled its limit: more may be due
 	for {
-		if !full || cap(sem)-len(sem) < threshold {
+		if !full || free() < threshold {
 			select {
 			case <-ctx.Done():
 				return
@@ -400,7 +412,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				resetTimer(poll, r.cfg.PollInterval)
 			case <-r.wake:
 			case <-freed:
-				if !full || cap(sem)-len(sem) < threshold {
+				if !full || free() < threshold {
 					continue
 				}
 			}
@@ -408,11 +420,11 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		if ctx.Err() != nil {
 			return
 		}
-		free := cap(sem) - len(sem)
-		if free == 0 {
+		slots := free()
+		if slots == 0 {
 			continue // a finishing handler signals freed
 		}
-		limit := min(free, r.cfg.BatchSize)
+		limit := min(slots, r.cfg.BatchSize)
 		claimed, err := r.claim(ctx, limit)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -434,12 +446,12 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				}
 				continue
 			}
-			sem <- struct{}{}
+			running.Add(1)
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
 				r.deliver(handlersCtx, c)
-				<-sem
+				running.Add(-1)
 				select {
 				case freed <- struct{}{}:
 				default:
@@ -517,6 +529,10 @@ func (r *Relay) putBackDone(done []Settlement) {
 	r.doneMu.Lock()
 	r.done = append(r.done, done...)
 	r.doneMu.Unlock()
+	select {
+	case r.doneAdded <- struct{}{}: // the settler writes them if no claim does
+	default:
+	}
 }
 
 // wrapCtx makes err wrap the context's error when the context ended, so
@@ -530,17 +546,17 @@ func wrapCtx(ctx context.Context, err error) error {
 
 // deliver runs the handler of one claimed message and queues its outcome.
 func (r *Relay) deliver(ctx context.Context, c Claimed) {
-	r.mu.Lock()
 	h := r.handlers[c.Topic]
 	hctx, cancel := context.WithCancel(ctx)
 	key := Fence{c.ID, c.Attempts}
-	r.inflight[key] = &inflight{claimed: time.Now(), cancel: cancel}
-	r.mu.Unlock()
+	r.inflightMu.Lock()
+	r.inflight[key] = inflight{claimed: time.Now(), cancel: cancel}
+	r.inflightMu.Unlock()
 	defer func() {
 		cancel()
-		r.mu.Lock()
+		r.inflightMu.Lock()
 		delete(r.inflight, key)
-		r.mu.Unlock()
+		r.inflightMu.Unlock()
 	}()
 
 	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts, CreatedAt: c.CreatedAt}
@@ -614,6 +630,26 @@ func cleanError(err error) string {
 // send queues a settlement unless the settler has stopped (a handler that
 // finished after Run returned: its lease lapses and it is delivered again).
 func (r *Relay) send(s Settlement) {
+	if s.Kind == SettleDone {
+		r.doneMu.Lock()
+		closed := r.doneClosed
+		if !closed {
+			r.done = append(r.done, s)
+		}
+		first := len(r.done) == 1
+		r.doneMu.Unlock()
+		if !closed {
+			if first {
+				select {
+				case r.doneAdded <- struct{}{}:
+				default:
+				}
+			}
+			return
+		}
+		r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
+		return
+	}
 	// The settler's end is checked first: the buffered channel would
 	// otherwise take the outcome and nobody would ever read it.
 	select {
@@ -640,9 +676,9 @@ const doneLinger = 50 * time.Millisecond
 // settleLoop writes outcomes. Retries and dead letters are written in
 // batches: it blocks for one outcome, gathers those that arrive within
 // settleLinger (up to a claim batch, then all that are waiting, up to 1000)
-// and writes them with one statement per kind. Successes are handed to the
-// next claim (one commit for both); those no claim took within doneLinger
-// are written here.
+// and writes them with one statement per kind. Successes skip it: handlers
+// append them to r.done, for the next claim to carry (one commit for
+// both); those no claim took within doneLinger are written here.
 func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 	defer close(r.settled)
 	batch := make([]Settlement, 0, 64)
@@ -653,6 +689,12 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 		select {
 		case s := <-r.results:
 			batch = append(batch[:0], s)
+		case <-r.doneAdded:
+			if !flushArmed {
+				flush.Reset(doneLinger)
+				flushArmed = true
+			}
+			continue
 		case <-flush.C:
 			if time.Since(time.Unix(0, r.carried.Load())) < doneLinger {
 				// Claims are carrying successes: leave these to the next one
@@ -664,6 +706,13 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 			if done := r.takeDone(); len(done) > 0 {
 				r.settle(ctx, done)
 			}
+			r.doneMu.Lock()
+			more := len(r.done) > 0
+			r.doneMu.Unlock()
+			if more { // over 1000 were waiting, or some came meanwhile
+				flush.Reset(doneLinger)
+				flushArmed = true
+			}
 			continue
 		case <-stop:
 			batch = batch[:0]
@@ -673,6 +722,7 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 			r.doneMu.Lock()
 			batch = append(batch, r.done...)
 			r.done = nil
+			r.doneClosed = true
 			r.doneMu.Unlock()
 			if len(batch) > 0 {
 				r.settle(ctx, batch)
@@ -701,25 +751,7 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 				break more
 			}
 		}
-		others := batch[:0]
-		var done []Settlement
-		for _, s := range batch {
-			if s.Kind == SettleDone {
-				done = append(done, s)
-			} else {
-				others = append(others, s)
-			}
-		}
-		if len(done) > 0 {
-			r.putBackDone(done)
-			if !flushArmed {
-				flush.Reset(doneLinger)
-				flushArmed = true
-			}
-		}
-		if len(others) > 0 {
-			r.settle(ctx, others)
-		}
+		r.settle(ctx, batch) // retries and dead letters: successes go to r.done
 	}
 }
 
@@ -752,13 +784,13 @@ func (r *Relay) renewLoop(ctx context.Context) {
 	tick(ctx, every, func() {
 		var held []Fence
 		cutoff := time.Now().Add(-every)
-		r.mu.Lock()
+		r.inflightMu.Lock()
 		for f, in := range r.inflight {
 			if in.claimed.Before(cutoff) {
 				held = append(held, f)
 			}
 		}
-		r.mu.Unlock()
+		r.inflightMu.Unlock()
 		if len(held) == 0 {
 			return
 		}
@@ -782,11 +814,11 @@ func (r *Relay) renewLoop(ctx context.Context) {
 					continue
 				}
 				r.log.Warn("outbox: lease lost: the message was claimed again; cancelling its handler, whose outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
-				r.mu.Lock()
-				if in := r.inflight[f]; in != nil {
+				r.inflightMu.Lock()
+				if in, ok := r.inflight[f]; ok {
 					in.cancel()
 				}
-				r.mu.Unlock()
+				r.inflightMu.Unlock()
 			}
 		}
 	})

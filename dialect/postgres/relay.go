@@ -90,14 +90,18 @@ func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbo
 		return nil, nil, err
 	}
 	defer rows.Close()
-	var claimed []outbox.Claimed
+	// Scanned in place, through variables declared once: per row, only
+	// the values themselves are allocated.
+	claimed := make([]outbox.Claimed, 0, p.Limit)
 	var done []outbox.Fence
+	var c outbox.Claimed
+	var id string
+	var topic, key, state sql.NullString
+	var created sql.NullTime
+	dest := []any{&id, &topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &created}
 	for rows.Next() {
-		var c outbox.Claimed
-		var id string
-		var topic, key, state sql.NullString
-		var created sql.NullTime
-		if err := rows.Scan(&id, &topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &created); err != nil {
+		c = outbox.Claimed{}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, err
 		}
 		if c.ID, err = outbox.ParseID(id); err != nil {
