@@ -1,0 +1,81 @@
+package outbox_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/sqlite"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+type ctxKey struct{}
+
+// TestHandlerContext: a handler's context carries the values of Run's
+// context, is not cancelled when Run's context ends (the grace period lets
+// it finish), and is cancelled when the grace period is over, including
+// for a handler that a timeout derived from it would otherwise outlive.
+func TestHandlerContext(t *testing.T) {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ShutdownGrace: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	type seen struct {
+		value        any
+		errAtStop    error
+		derivedEnded time.Duration
+	}
+	got := make(chan seen, 1)
+	runCtx, stop := context.WithCancel(context.WithValue(ctx, ctxKey{}, "v"))
+	if err := r.Handle("t", func(hctx context.Context, d outbox.Delivery) error {
+		derived, cancel := context.WithTimeout(hctx, time.Hour)
+		defer cancel()
+		close(started)
+		var s seen
+		s.value = hctx.Value(ctxKey{})
+		time.Sleep(100 * time.Millisecond) // Run's context ends meanwhile
+		s.errAtStop = hctx.Err()
+		t0 := time.Now()
+		<-derived.Done()
+		s.derivedEnded = time.Since(t0)
+		got <- s
+		return hctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := db.BeginTx(ctx, nil)
+	if _, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	<-started
+	stop()
+	s := <-got
+	if s.value != "v" {
+		t.Errorf("handler context value %v, want the one of Run's context", s.value)
+	}
+	if s.errAtStop != nil {
+		t.Errorf("handler context ended with Run's: %v", s.errAtStop)
+	}
+	if s.derivedEnded > 400*time.Millisecond {
+		t.Errorf("derived context ended %v after the grace period began", s.derivedEnded)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
