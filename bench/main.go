@@ -56,6 +56,7 @@ var (
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
 	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 )
@@ -74,6 +75,14 @@ func main() {
 		check(err)
 		check(pprof.StartCPUProfile(f))
 		defer pprof.StopCPUProfile()
+	}
+	if *memprofile != "" {
+		defer func() {
+			f, err := os.Create(*memprofile)
+			check(err)
+			check(pprof.Lookup("allocs").WriteTo(f, 0))
+			f.Close()
+		}()
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *url)
@@ -262,16 +271,19 @@ func drain(ctx context.Context, pool *pgxpool.Pool) {
 			ob := table(ctx, pool, "drain")
 			fill(ctx, pool, ob, *n, "bench")
 			run := c.prep(ob)
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
 			cpu0 := processCPU()
 			t0 := time.Now()
 			run()
 			secs := time.Since(t0).Seconds()
 			cpu := processCPU() - cpu0
+			runtime.ReadMemStats(&m1)
 			if left := remaining(ctx, pool, ob); left != 0 {
 				check(fmt.Errorf("%s left %d rows", c.name, left))
 			}
 			res[c.name] = append(res[c.name], secs)
-			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  %s\n", round, c.name, secs, float64(*n)/secs, float64(cpu.Microseconds())/float64(*n), stats)
+			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  %4.1f allocs/msg  %s\n", round, c.name, secs, float64(*n)/secs, float64(cpu.Microseconds())/float64(*n), float64(m1.Mallocs-m0.Mallocs)/float64(*n), stats)
 		}
 	}
 	med := func(name string) float64 { return median(res[name]) }

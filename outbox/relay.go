@@ -456,7 +456,8 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			continue
 		}
 		failures = 0
-		for _, c := range claimed {
+		for i := range claimed {
+			c := &claimed[i]
 			if c.Dead {
 				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts)
 				if r.cfg.DiscardDead {
@@ -466,15 +467,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			}
 			running.Add(1)
 			workers.Add(1)
-			go func() {
-				defer workers.Done()
-				r.deliver(handlersCtx, c)
-				running.Add(-1)
-				select {
-				case freed <- struct{}{}:
-				default:
-				}
-			}()
+			go r.work(handlersCtx, &claimed[i], workers, &running, freed)
 		}
 		full = len(claimed) == limit
 		if !full {
@@ -562,8 +555,20 @@ func wrapCtx(ctx context.Context, err error) error {
 	return err
 }
 
+// work is a handler slot: it delivers c, then frees the slot. (Started as
+// go r.work(...), with no closure to allocate.)
+func (r *Relay) work(ctx context.Context, c *Claimed, workers *sync.WaitGroup, running *atomic.Int64, freed chan<- struct{}) {
+	defer workers.Done()
+	r.deliver(ctx, c)
+	running.Add(-1)
+	select {
+	case freed <- struct{}{}:
+	default:
+	}
+}
+
 // deliver runs the handler of one claimed message and queues its outcome.
-func (r *Relay) deliver(ctx context.Context, c Claimed) {
+func (r *Relay) deliver(ctx context.Context, c *Claimed) {
 	h := r.handlers[c.Topic]
 	hctx, cancel := context.WithCancel(ctx)
 	key := Fence{c.ID, c.Attempts}
@@ -605,14 +610,21 @@ func (r *Relay) call(ctx context.Context, h Handler, d Delivery) (err error) {
 }
 
 // outcome maps a handler's result to a settlement.
-func (r *Relay) outcome(c Claimed, err error) Settlement {
+func (r *Relay) outcome(c *Claimed, err error) Settlement {
 	s := Settlement{Fence: Fence{c.ID, c.Attempts}}
+	if err == nil {
+		s.Kind = SettleDone
+		return s
+	}
+	return r.failure(c, s, err)
+}
+
+// failure is outcome for a handler that did not succeed (apart, so that a
+// success allocates nothing for the error checks).
+func (r *Relay) failure(c *Claimed, s Settlement, err error) Settlement {
 	var retry *RetryError
 	var cancel *CancelError
 	switch {
-	case err == nil:
-		s.Kind = SettleDone
-		return s
 	case errors.As(err, &cancel):
 		s.Kind, s.Error = SettleDead, cleanError(err)
 		r.log.Warn("outbox: message cancelled; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "err", err)

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"strings"
@@ -32,13 +31,19 @@ func textArray(ss []string) string {
 // $1 topics (text[] literal), $2 limit, $3 lease in seconds, $4 max attempts.
 func ClaimSQL(t outbox.Table) string {
 	return claimCTE(t, false) + `
-SELECT id::text, topic, message_key, payload::text, headers::text, attempts, state, created_at FROM claimed`
+SELECT ` + claimedColumns + ` FROM claimed`
 }
+
+// claimedColumns are the columns a claim returns, none of them NULL but the
+// payload and headers (so rows scan into plain strings and times, with no
+// per-row allocation for a NULL-able wrapper): id, topic, key ('' for
+// none), payload, headers, attempts, state, created_at.
+const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, state, created_at`
 
 // ClaimSettleSQL is ClaimSQL that also settles successes in the same
 // statement, and so the same commit: $5 ids and $6 attempts (array
 // literals) are deleted (or marked delivered when keep is true), fenced as in
-// SettleSQL, and returned as rows with a NULL topic. The claim's UPDATE
+// SettleSQL, and returned as rows with state 'settled'. The claim's UPDATE
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
 func ClaimSettleSQL(t outbox.Table, keep bool) string {
@@ -48,10 +53,10 @@ func ClaimSettleSQL(t outbox.Table, keep bool) string {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
 	return claimCTE(t, true) + `,
-done AS (` + done + fenceJoin + ` RETURNING o.id, o.attempts)
-SELECT id::text, topic, message_key, payload::text, headers::text, attempts, state, created_at FROM claimed
+done AS (` + done + fenceJoin + ` RETURNING o.id, o.attempts, o.created_at)
+SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
-SELECT id::text, NULL, NULL, NULL, NULL, attempts, NULL, NULL FROM done`
+SELECT id::text, '', '', NULL, NULL, attempts, 'settled', created_at FROM done`
 }
 
 func claimCTE(t outbox.Table, skipDone bool) string {
@@ -95,10 +100,8 @@ func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbo
 	claimed := make([]outbox.Claimed, 0, p.Limit)
 	var done []outbox.Fence
 	var c outbox.Claimed
-	var id string
-	var topic, key, state sql.NullString
-	var created sql.NullTime
-	dest := []any{&id, &topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &created}
+	var id, state string
+	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &state, &c.CreatedAt}
 	for rows.Next() {
 		c = outbox.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
@@ -107,12 +110,11 @@ func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbo
 		if c.ID, err = outbox.ParseID(id); err != nil {
 			return nil, nil, err
 		}
-		if !topic.Valid {
+		if state == "settled" {
 			done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
 			continue
 		}
-		c.Topic, c.Key, c.CreatedAt = topic.String, key.String, created.Time
-		c.Dead = state.String == string(outbox.StateDead)
+		c.Dead = state == string(outbox.StateDead)
 		claimed = append(claimed, c)
 	}
 	return claimed, done, rows.Err()
@@ -149,9 +151,19 @@ func arrayLiteral(n int, elem func(i int) (string, bool)) string {
 
 // fenceArrays returns the ids and attempts of fences as array literals.
 func fenceArrays(fences []outbox.Fence) (ids, attempts string) {
-	ids = arrayLiteral(len(fences), func(i int) (string, bool) { return fences[i].ID.String(), true })
-	attempts = arrayLiteral(len(fences), func(i int) (string, bool) { return strconv.Itoa(fences[i].Attempts), true })
-	return ids, attempts
+	// Written directly: ids and integers need no quoting in an array literal.
+	bi := make([]byte, 0, 2+37*len(fences))
+	ba := make([]byte, 0, 2+3*len(fences))
+	bi, ba = append(bi, '{'), append(ba, '{')
+	for i, f := range fences {
+		if i > 0 {
+			bi, ba = append(bi, ','), append(ba, ',')
+		}
+		bi = f.ID.AppendText(bi)
+		ba = strconv.AppendInt(ba, int64(f.Attempts), 10)
+	}
+	bi, ba = append(bi, '}'), append(ba, '}')
+	return string(bi), string(ba)
 }
 
 // fenceJoin joins the fences, unnested from $1 (ids) and $2 (attempts)
