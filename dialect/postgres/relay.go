@@ -36,7 +36,7 @@ SELECT ` + claimedColumns + ` FROM claimed`
 
 // claimedColumns are the columns a claim returns, none of them NULL but the
 // payload and headers (so rows scan into plain strings and times, with no
-// per-row allocation for a NULL-able wrapper): id, topic, key ('' for
+// per-row allocation for a NULL-able wrapper): id, topic, key (” for
 // none), payload, headers, attempts, state, created_at.
 const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, state, created_at`
 
