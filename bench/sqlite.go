@@ -128,7 +128,7 @@ ORDER BY available_at, id LIMIT 100) RETURNING id, topic, payload`
 		sqliteFill(ctx, db, ob, *n)
 		var done atomic.Int64
 		finished := make(chan struct{})
-		r, err := ob.Relay(timedDB{sqltx.Pool(db)}, outbox.RelayConfig{Logger: quiet, Tracer: stats})
+		r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: quiet, Tracer: stats}) // as a user builds it: prepared statements and all
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(*n) {

@@ -36,7 +36,7 @@ WHERE id IN (
       AND topic IN (SELECT value FROM json_each(?1))
     ORDER BY available_at, id
     LIMIT ?2)
-RETURNING id, topic, message_key, payload, headers, attempts, state, created_at`
+RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, state, created_at`
 }
 
 // prepared returns db running its statements prepared, when it can: SQLite
@@ -95,20 +95,19 @@ func claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimPara
 		return nil, err
 	}
 	defer rows.Close()
-	var out []outbox.Claimed
+	// Scanned in place, through variables declared once.
+	out := make([]outbox.Claimed, 0, p.Limit)
+	var c outbox.Claimed
+	var id, state string
+	var created int64
+	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &state, &created}
 	for rows.Next() {
-		var c outbox.Claimed
-		var id, state string
-		var key *string
-		var created int64
-		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &state, &created); err != nil {
+		c = outbox.Claimed{}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		if c.ID, err = outbox.ParseID(id); err != nil {
 			return nil, err
-		}
-		if key != nil {
-			c.Key = *key
 		}
 		c.CreatedAt = time.UnixMilli(created).UTC()
 		c.Dead = state == string(outbox.StateDead)
