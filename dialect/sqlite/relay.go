@@ -17,7 +17,9 @@ import (
 // UPDATE ... RETURNING, and a write statement takes the database's write lock
 // before it reads, so claims by any number of relays (goroutines or
 // processes) on one file are serialised and never overlap. The due rows are
-// picked by a LIMIT subquery that SQLite evaluates once. Lists (topics,
+// picked by a LIMIT subquery that SQLite evaluates once; it returns their
+// rowids, which the UPDATE finds directly in the table (the ids would take
+// a search of the primary key index first). Lists (topics,
 // fences) travel as one JSON text parameter read with json_each.
 
 // ClaimSQL returns the claim statement for table t: ?1 topics (JSON array),
@@ -30,8 +32,8 @@ func ClaimSQL(t outbox.Table) string {
     last_error   = CASE WHEN attempts >= ?4 THEN 'max attempts reached' ELSE last_error END,
     available_at = CASE WHEN attempts >= ?4 THEN available_at ELSE ` + now + ` + ?3 END,
     attempts     = CASE WHEN attempts >= ?4 THEN attempts ELSE attempts + 1 END
-WHERE id IN (
-    SELECT id FROM ` + tbl + `
+WHERE rowid IN (
+    SELECT rowid FROM ` + tbl + `
     WHERE state IN ('pending', 'processing') AND available_at <= ` + now + `
       AND topic IN (SELECT value FROM json_each(?1))
     ORDER BY available_at, id
