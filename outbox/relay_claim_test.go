@@ -232,6 +232,64 @@ func TestFourRelays(t *testing.T) {
 	if len(tr.claimed) != n || rec.count() != n {
 		t.Errorf("%d claims, %d deliveries, want %d each", len(tr.claimed), rec.count(), n)
 	}
+	// No claim failed: in particular no deadlock between one relay's
+	// settle and another's claim (see postgres.ClaimSettleSQL).
+	for _, err := range tr.claimErr {
+		t.Errorf("claim failed: %v", err)
+	}
+}
+
+// TestClaimSettlesBeforeLocking: a claim that carries successes writes them
+// before it locks any row to claim. Another relay may hold the lock of one
+// of those successes (FOR UPDATE SKIP LOCKED keeps the lock of a row it
+// re-checked and skipped until its statement commits); while the claim
+// waits for it, it must hold no lock that relay's own settle could wait for,
+// or the two deadlock. Here session C holds the lock of a success; the
+// claim carrying it must wait without having locked the due row C then
+// takes with NOWAIT.
+func TestClaimSettlesBeforeLocking(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	p := pool(t)
+	ids := publishN(t, e, p, 3, outbox.Message{Topic: "t"})
+	ctx := context.Background()
+	d := postgres.Dialect().(outbox.RelayDialect)
+	db := pgxtx.Pool(p)
+	// The first message is claimed (a success to carry); the others stay due.
+	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5})
+	if err != nil || len(cs) != 1 || cs[0].ID != ids[0] {
+		t.Fatalf("first claim %v, %v", cs, err)
+	}
+	c, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Rollback(ctx)
+	if _, err := c.Exec(ctx, `SELECT 1 FROM `+e.table+` WHERE id = $1 FOR UPDATE`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		claimed []outbox.Claimed
+		done    []outbox.Fence
+		err     error
+	}
+	res := make(chan result, 1)
+	go func() {
+		cs, done, err := d.Claim(ctx, db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5,
+			Done: []outbox.Fence{{ID: ids[0], Attempts: 1}}})
+		res <- result{cs, done, err}
+	}()
+	time.Sleep(300 * time.Millisecond) // the claim is waiting for C's lock
+	if _, err := c.Exec(ctx, `SELECT 1 FROM `+e.table+` WHERE id = $1 FOR UPDATE NOWAIT`, ids[1]); err != nil {
+		t.Errorf("a due row was locked by a claim still waiting to settle: %v", err)
+	}
+	if err := c.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil || len(r.done) != 1 || len(r.claimed) != 2 {
+		t.Errorf("claim after the wait: claimed %d, settled %v, %v", len(r.claimed), r.done, r.err)
+	}
 }
 
 // TestPlansUseIndexes: at 200,000 rows the claim, the settles and the

@@ -30,7 +30,7 @@ func textArray(ss []string) string {
 //
 // $1 topics (text[] literal), $2 limit, $3 lease in seconds, $4 max attempts.
 func ClaimSQL(t outbox.Table) string {
-	return claimCTE(t, false) + `
+	return claimCTE(t, "") + `
 SELECT ` + claimedColumns + ` FROM claimed`
 }
 
@@ -52,22 +52,40 @@ func ClaimSettleSQL(t outbox.Table, keep bool) string {
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
-	return claimCTE(t, true) + `,
-done AS (` + done + fenceJoin + ` RETURNING o.id, o.attempts, o.created_at)
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`) + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
 SELECT id::text, '', '', NULL, NULL, attempts, 'settled', created_at FROM done`
 }
 
-func claimCTE(t outbox.Table, skipDone bool) string {
+// claimCTE returns the claim's WITH clause: due (the rows to claim,
+// locked) and claimed (the UPDATE), preceded, when done is not "", by
+// done AS (done), a settle of successes.
+//
+// The settle runs to completion before due locks anything: due's WHERE
+// counts done's rows, a one-time filter evaluated before its scan. The
+// order matters with several relays. Under READ COMMITTED, FOR UPDATE SKIP
+// LOCKED that meets a row another relay's claim has just committed locks
+// the row's new version to re-check it, and keeps that lock until its
+// statement commits even though the row no longer qualifies. A settle
+// waiting for such a lock held by a statement that in turn waits for this
+// one's locks would deadlock (it did, about once in seven four-relay
+// drains: PostgreSQL broke the cycle after deadlock_timeout); with every
+// settle ahead of every lock, a statement that waits holds no lock another
+// settle needs.
+func claimCTE(t outbox.Table, done string) string {
 	tbl := QuoteTable(t)
-	skip := ""
-	if skipDone {
+	with, after, skip := `WITH `, "", ""
+	if done != "" {
+		with = `WITH done AS (` + done + `),
+`
+		after = `
+      AND (SELECT count(*) FROM done) >= 0`
 		skip = ` AND o.id <> ALL($5::uuid[])`
 	}
-	return `WITH due AS MATERIALIZED (
+	return with + `due AS MATERIALIZED (
     SELECT id FROM ` + tbl + `
-    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])
+    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])` + after + `
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
