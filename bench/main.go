@@ -104,6 +104,12 @@ func main() {
 	if *only == "sqlite-stmt" {
 		sqliteStmts(ctx)
 	}
+	if *only == "compare" {
+		compare(ctx, pool)
+	}
+	if *only == "cost" {
+		cost(ctx, pool)
+	}
 	if *only == "variants" {
 		variants(ctx, pool)
 	}
