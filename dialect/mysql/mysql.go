@@ -37,7 +37,8 @@
 // returns such errors (classified by [outbox.Dialect.Classify]).
 //
 // The relay's statements carry their values as SQL literals (integers,
-// ids in their canonical form, and text as hexadecimal literals) rather
+// ids in their canonical form, and text as hexadecimal literals, topics
+// compared byte for byte with CAST(topic AS BINARY)) rather
 // than bind parameters, so each is one round trip whatever the DSN's
 // interpolateParams setting; nothing a user writes is ever spliced into SQL
 // text. Publish binds its values as parameters.
@@ -226,6 +227,20 @@ func text(b *strings.Builder, s string) {
 	b.WriteString(hex.EncodeToString([]byte(s)))
 	b.WriteString("' COLLATE utf8mb4_bin")
 }
+
+// binary writes s as a hexadecimal binary-string literal, X'...'. Compared
+// with CAST(column AS BINARY) it matches byte for byte: utf8mb4_bin, the
+// columns' collation, is PAD SPACE on MySQL and MariaDB ('t' = 't '), and
+// topics that differ only by trailing spaces are different topics.
+func binary(b *strings.Builder, s string) {
+	b.WriteString("X'")
+	b.WriteString(hex.EncodeToString([]byte(s)))
+	b.WriteByte('\'')
+}
+
+// topicIs is the byte-exact comparison of the topic column with binary
+// literals: topicIs + "(X'...', ...)" or topicIs + "= X'...'".
+const topicIs = "CAST(topic AS BINARY) "
 
 // idList writes the ids as a parenthesised list of literals. Ids are
 // written in their canonical form, hexadecimal digits and dashes.

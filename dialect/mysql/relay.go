@@ -46,7 +46,8 @@ func (d *dialect) inTx(ctx context.Context, db outbox.DB, op string, f func(tx o
 }
 
 // ClaimSQL returns the claim's locking read for table t: the due rows of
-// topics, in (available_at, id) order, at most limit, skipping rows other
+// topics (compared byte for byte: the column's collation ignores trailing
+// spaces), in (available_at, id) order, at most limit, skipping rows other
 // transactions hold. claim_at is available_at for live rows and NULL for
 // terminal ones; the index on (claim_at, id) is forced so the scan walks the
 // due rows in order and stops after limit rows (a plan that sorted would
@@ -55,12 +56,12 @@ func ClaimSQL(t outbox.Table, topics []string, limit int) string {
 	var b strings.Builder
 	b.WriteString("SELECT id, topic, message_key, payload, headers, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at)\nFROM ")
 	b.WriteString(QuoteTable(t))
-	b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE claim_at <= " + now + " AND topic IN (")
+	b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE claim_at <= " + now + " AND " + topicIs + "IN (")
 	for i, topic := range topics {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		text(&b, topic)
+		binary(&b, topic)
 	}
 	b.WriteString(")\nORDER BY claim_at, id LIMIT ")
 	b.WriteString(strconv.Itoa(limit))
@@ -529,8 +530,8 @@ func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []ou
 	var cond strings.Builder
 	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'")
 	if topic != "" {
-		cond.WriteString(" AND topic = ")
-		text(&cond, topic)
+		cond.WriteString(" AND " + topicIs + "= ")
+		binary(&cond, topic)
 	}
 	tbl := QuoteTable(t)
 	find = "SELECT id FROM " + tbl + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
@@ -592,10 +593,11 @@ func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, state
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
-	rows, err := db.QueryDB(ctx, `SELECT topic,
+	// Grouped by the topic's bytes: utf8mb4_bin would merge "t" and "t ".
+	rows, err := db.QueryDB(ctx, `SELECT `+topicIs+`,
     SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
     COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), `+now+`), 0)
-FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`)
+FROM `+QuoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs)
 	if err != nil {
 		return nil, err
 	}
