@@ -2,6 +2,8 @@ package mysql_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -70,5 +72,113 @@ func TestTextComparedExactly(t *testing.T) {
 	}
 	if n := count(t, e.table, `state = 'dead'`); n != 1 {
 		t.Errorf("%d dead rows after redriving \"t\", want 1 (the message of \"t \")", n)
+	}
+}
+
+// TestDedupFirstCopyRollsBack pins a limit of InnoDB that docs/dialects.md
+// states: publishers of a dedup key whose first copy is uncommitted wait
+// for it; when it rolls back, each waiter holds a gap lock from its
+// duplicate check and needs an insert intention lock in that gap, so InnoDB
+// breaks the cycle by rolling back all but one (1213, ErrTxAborted, the
+// whole business transaction). No message is lost or doubled: exactly one
+// waiter stores the key and commits; each other one gets ErrTxAborted.
+func TestDedupFirstCopyRollsBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil, outbox.Config{})
+	ctx := context.Background()
+	first := e.begin(t)
+	if _, err := e.ob.Publish(ctx, sqltx.From(first), outbox.Message{Topic: "x", DedupKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	type result struct {
+		stored bool
+		err    error
+	}
+	results := make(chan result, waiters)
+	for i := range waiters {
+		tx := e.begin(t)
+		go func() {
+			if _, err := tx.Exec(`INSERT INTO `+e.orders+` (id) VALUES (?)`, fmt.Sprint("w", i)); err != nil {
+				results <- result{err: err}
+				return
+			}
+			r, err := e.ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "x", DedupKey: "k"})
+			if err == nil {
+				err = tx.Commit()
+			}
+			results <- result{stored: err == nil && !r.Duplicate, err: err}
+		}()
+	}
+	for i := 0; lockWaits(t, e.db) < waiters; i++ {
+		if i == 50 {
+			t.Fatal("the publishers never waited for the first copy")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := first.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	stored, aborted := 0, 0
+	for range waiters {
+		r := <-results
+		switch {
+		case r.stored:
+			stored++
+		case errors.Is(r.err, outbox.ErrTxAborted):
+			aborted++
+		default:
+			t.Errorf("waiter: stored %v, %v; want the key stored or ErrTxAborted", r.stored, r.err)
+		}
+	}
+	if stored != 1 || count(t, e.table, "") != 1 || count(t, e.orders, "") != 1 {
+		t.Errorf("%d waiters stored the key, %d rows, %d business rows; want 1, 1, 1", stored, count(t, e.table, ""), count(t, e.orders, ""))
+	}
+	t.Logf("after the first copy rolled back: %d of %d waiters stored it, %d were deadlock victims", stored, waiters, aborted)
+}
+
+// TestDuplicateLocksFirstCopy pins another limit docs/dialects.md states:
+// a duplicate publish locks the stored copy until the duplicate's
+// transaction ends (INSERT ... ON DUPLICATE KEY UPDATE takes an exclusive
+// lock on the row it finds). Claims skip the copy meanwhile, and a settle
+// of it waits; once the transaction ends both go through.
+func TestDuplicateLocksFirstCopy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil, outbox.Config{})
+	ctx := context.Background()
+	d := mysql.Dialect().(outbox.RelayDialect)
+	db := sqltx.Pool(e.pool)
+	ids := e.publish(t, outbox.Message{Topic: "x", DedupKey: "k"})
+	p := outbox.ClaimParams{Topics: []string{"x"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
+
+	dup := e.begin(t)
+	if r, err := e.ob.Publish(ctx, sqltx.From(dup), outbox.Message{Topic: "x", DedupKey: "k"}); err != nil || !r.Duplicate {
+		t.Fatalf("duplicate publish: %+v %v", r, err)
+	}
+	if cs, _, err := d.Claim(ctx, db, e.ob.Table(), p); err != nil || len(cs) != 0 {
+		t.Errorf("claim while the duplicate's transaction is open: %v %v, want nothing (the copy is locked)", cs, err)
+	}
+	if err := dup.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if cs, _, err := d.Claim(ctx, db, e.ob.Table(), p); err != nil || len(cs) != 1 {
+		t.Fatalf("claim after: %v %v", cs, err)
+	}
+
+	dup = e.begin(t)
+	if r, err := e.ob.Publish(ctx, sqltx.From(dup), outbox.Message{Topic: "x", DedupKey: "k"}); err != nil || !r.Duplicate {
+		t.Fatalf("duplicate publish: %+v %v", r, err)
+	}
+	done := []outbox.Settlement{{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone}}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := d.Settle(short, db, e.ob.Table(), outbox.SettleParams{}, done); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("settle while the duplicate's transaction is open: %v, want it to wait", err)
+	}
+	if err := dup.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := d.Settle(ctx, db, e.ob.Table(), outbox.SettleParams{}, done); err != nil || len(applied) != 1 {
+		t.Errorf("settle after: %v %v", applied, err)
 	}
 }
