@@ -15,8 +15,12 @@
 //   - sqlite: on a SQLite file (WAL, synchronous=NORMAL), publish beside a raw
 //     INSERT, and one relay draining 50,000 messages beside a raw-SQL loop.
 //
-// Diagnostics, run only when named with -only:
+// Run only when named with -only:
 //
+//   - compare: oncommit beside River, gue and the raw-SQL reference, every
+//     scenario of issue 6 (compare.go; docs/benchmarks.md).
+//   - cost: round trips, statements, WAL bytes and transaction ids per
+//     published and delivered message (cost.go; docs/internals.md).
 //   - stmt: the relay's claim statements alone, sequentially, beside the raw
 //     loop (the SQL cost without the relay's goroutines).
 //   - variants: the claim statement with narrower RETURNING lists or without
