@@ -348,24 +348,32 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 	where := func(b *strings.Builder, s []outbox.Settlement, states string) {
 		b.WriteString(" WHERE id IN ")
 		idList(b, settlementIDs(s))
-		b.WriteString(" AND state IN (" + states + ") AND (id, attempts) IN (")
-		for i := range s {
-			if i > 0 {
-				b.WriteByte(',')
+		b.WriteString(" AND state IN (" + states + ") AND ")
+		if same := sameAttempts(s); same >= 0 {
+			b.WriteString("attempts = " + strconv.Itoa(same))
+		} else {
+			b.WriteString("(id, attempts) IN (")
+			for i := range s {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString("('" + s[i].ID.String() + "'," + strconv.Itoa(s[i].Attempts) + ")")
 			}
-			b.WriteString("('" + s[i].ID.String() + "'," + strconv.Itoa(s[i].Attempts) + ")")
+			b.WriteByte(')')
 		}
-		b.WriteByte(')')
 		out = append(out, b.String())
 	}
-	if len(done) > 0 {
+	// Successes, the common case, are written one statement per attempts
+	// value: the fence is then an integer compare per row instead of a
+	// row-value IN over every pair.
+	for _, group := range groupByAttempts(done) {
 		var b strings.Builder
 		if p.KeepDelivered {
 			b.WriteString("UPDATE " + tbl + " SET settled_at = " + now + ", last_error = NULL, state = 'delivered'")
 		} else {
 			b.WriteString("DELETE FROM " + tbl)
 		}
-		where(&b, done, "'processing'")
+		where(&b, group, "'processing'")
 	}
 	if len(retry) > 0 {
 		var b strings.Builder
@@ -400,6 +408,33 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 		where(&b, dead, states)
 	}
 	return out
+}
+
+// sameAttempts returns the attempts all of s share, or -1.
+func sameAttempts(s []outbox.Settlement) int {
+	for i := range s {
+		if s[i].Attempts != s[0].Attempts {
+			return -1
+		}
+	}
+	return s[0].Attempts
+}
+
+// groupByAttempts splits s by attempts, in the order each value first
+// appears.
+func groupByAttempts(s []outbox.Settlement) [][]outbox.Settlement {
+	var groups [][]outbox.Settlement
+next:
+	for _, x := range s {
+		for i, g := range groups {
+			if g[0].Attempts == x.Attempts {
+				groups[i] = append(g, x)
+				continue next
+			}
+		}
+		groups = append(groups, []outbox.Settlement{x})
+	}
+	return groups
 }
 
 // byID writes a CASE on id giving each settlement's value.
