@@ -338,7 +338,42 @@ func TestPlansUseIndexes(t *testing.T) {
 		if !strings.Contains(plan, "Index") {
 			t.Errorf("%s plan uses no index:\n%s", name, plan)
 		}
+		if strings.HasPrefix(name, "claim") && !strings.Contains(plan, "Tid Scan") {
+			t.Errorf("%s plan does not update the locked rows by TID:\n%s", name, plan)
+		}
 		t.Logf("%s:\n%s", name, plan)
+	}
+	// Under a generic plan, as pgx's cached statements get after five runs:
+	// a statement prepared on a connection of its own (EXPLAIN with
+	// parameters would plan with their values).
+	ctx := context.Background()
+	conn, err := pool(t).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `RESET plan_cache_mode`)
+	if _, err := conn.Exec(ctx, `PREPARE generic_claim (text, int, float8, int, text, text) AS `+postgres.ClaimSettleSQL(e.ob.Table(), false)); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `DEALLOCATE generic_claim`)
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE generic_claim ('{t1}', 100, 30, 10, '{`+id+`}', '{1}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		rows.Scan(&line)
+		plan.WriteString(line + "\n")
+	}
+	rows.Close()
+	p := plan.String()
+	if !strings.Contains(p, "$1") || strings.Contains(p, "Seq Scan on outbox") || !strings.Contains(p, "Tid Scan") || !strings.Contains(p, "claim_idx") {
+		t.Errorf("generic claim plan:\n%s", p)
 	}
 }
 

@@ -22,11 +22,15 @@ func textArray(ss []string) string {
 // its LIMIT holds whatever plan PostgreSQL picks; the seed's
 // id IN (subquery ... LIMIT) form can be re-executed per outer row under a
 // nested loop and, with SKIP LOCKED, take more rows than the limit. The
-// UPDATE then finds the chosen rows with id = ANY(ARRAY(SELECT id FROM due)),
-// an index probe of the primary key whatever the planner believes about the
-// limit: with a generic plan (a prepared statement after five runs) it
-// assumes LIMIT $2 keeps 10% of the table, and a join with the CTE then
-// turns into a hash join over a sequential scan of the whole table.
+// UPDATE then finds the chosen rows with ctid = ANY(ARRAY(SELECT ctid FROM
+// due)), a TID scan whatever the planner believes about the limit: with a
+// generic plan (a prepared statement after five runs) it assumes LIMIT $2
+// keeps 10% of the table, and a join with the CTE turned into a hash join
+// over a sequential scan of the whole table. The TIDs are those of the row
+// versions due locked, which no one else can change before this statement
+// does; a version newer than the statement's snapshot (due re-checked a row
+// another relay had just committed) is not visible to the TID scan, and the
+// row is simply not claimed this time.
 //
 // $1 topics (text[] literal), $2 limit, $3 lease in seconds, $4 max attempts.
 func ClaimSQL(t outbox.Table) string {
@@ -84,7 +88,7 @@ func claimCTE(t outbox.Table, done string) string {
 		skip = ` AND o.id <> ALL($5::uuid[])`
 	}
 	return with + `due AS MATERIALIZED (
-    SELECT id FROM ` + tbl + `
+    SELECT ctid FROM ` + tbl + `
     WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])` + after + `
     ORDER BY available_at, id
     LIMIT $2
@@ -96,7 +100,7 @@ claimed AS (
         available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
         settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
         last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
-    WHERE o.id = ANY (ARRAY(SELECT id FROM due))` + skip + `
+    WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM due))` + skip + `
     RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.state, o.created_at)`
 }
 
