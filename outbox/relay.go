@@ -663,38 +663,54 @@ func cleanError(err error) string {
 // send queues a settlement unless the settler has stopped (a handler that
 // finished after Run returned: its lease lapses and it is delivered again).
 func (r *Relay) send(s Settlement) {
+	queued := false
 	if s.Kind == SettleDone {
-		r.doneMu.Lock()
-		closed := r.doneClosed
-		if !closed {
-			r.done = append(r.done, s)
-		}
-		first := len(r.done) == 1
-		r.doneMu.Unlock()
-		if !closed {
-			if first {
-				select {
-				case r.doneAdded <- struct{}{}:
-				default:
-				}
-			}
-			return
-		}
-		r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
-		return
+		queued = r.addDone(s)
+	} else {
+		queued = r.queue(s)
 	}
+	if !queued {
+		r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
+	}
+}
+
+// addDone puts a success on the done list for the next claim to carry, and
+// has the settler arm its doneLinger timer when the list was empty. It
+// reports false once the settler has taken the list for the last time.
+func (r *Relay) addDone(s Settlement) bool {
+	r.doneMu.Lock()
+	if r.doneClosed {
+		r.doneMu.Unlock()
+		return false
+	}
+	r.done = append(r.done, s)
+	first := len(r.done) == 1
+	r.doneMu.Unlock()
+	if first {
+		select {
+		case r.doneAdded <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// queue hands a retry or a dead letter to the settler; false when the
+// settler has stopped.
+func (r *Relay) queue(s Settlement) bool {
 	// The settler's end is checked first: the buffered channel would
 	// otherwise take the outcome and nobody would ever read it.
 	select {
 	case <-r.settled:
+		return false
 	default:
-		select {
-		case r.results <- s:
-			return
-		case <-r.settled:
-		}
 	}
-	r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
+	select {
+	case r.results <- s:
+		return true
+	case <-r.settled:
+		return false
+	}
 }
 
 // settleLinger is how long the settler waits for more outcomes after the
