@@ -663,7 +663,7 @@ func cleanError(err error) string {
 // send queues a settlement unless the settler has stopped (a handler that
 // finished after Run returned: its lease lapses and it is delivered again).
 func (r *Relay) send(s Settlement) {
-	queued := false
+	var queued bool
 	if s.Kind == SettleDone {
 		queued = r.addDone(s)
 	} else {
