@@ -39,15 +39,23 @@ SELECT ` + claimedColumns + ` FROM claimed`
 }
 
 // claimedColumns are the columns a claim returns, none of them NULL but the
-// payload and headers (so rows scan into plain strings and times, with no
-// per-row allocation for a NULL-able wrapper): id, topic, key (” for
-// none), payload, headers, attempts, state, created_at.
-const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, state, created_at`
+// payload and headers (so rows scan into plain strings, integers and times,
+// with no per-row allocation for a NULL-able wrapper): id, topic, key (empty
+// for none), payload, headers, attempts, kind, created_at.
+const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, ` + kindClaimed + `, created_at`
+
+// The kind of a row a claim returns, as an integer (no string to allocate
+// per row): claimed, dead-lettered at claim, or a carried success settled.
+const (
+	kindClaimed = `CASE WHEN state = 'dead' THEN 1 ELSE 0 END`
+	rowDead     = 1
+	rowSettled  = 2
+)
 
 // ClaimSettleSQL is ClaimSQL that also settles successes in the same
 // statement, and so the same commit: $5 ids and $6 attempts (array
 // literals) are deleted (or marked delivered when keep is true), fenced as in
-// SettleSQL, and returned as rows with state 'settled'. The claim's UPDATE
+// SettleSQL, and returned as rows of kind rowSettled. The claim's UPDATE
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
 func ClaimSettleSQL(t outbox.Table, keep bool) string {
@@ -59,7 +67,7 @@ func ClaimSettleSQL(t outbox.Table, keep bool) string {
 	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`) + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
-SELECT id::text, '', '', NULL, NULL, attempts, 'settled', created_at FROM done`
+SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
 }
 
 // claimCTE returns the claim's WITH clause: due (the rows to claim,
@@ -122,8 +130,9 @@ func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbo
 	claimed := make([]outbox.Claimed, 0, p.Limit)
 	var done []outbox.Fence
 	var c outbox.Claimed
-	var id, state string
-	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &state, &c.CreatedAt}
+	var id string
+	var kind int
+	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &kind, &c.CreatedAt}
 	for rows.Next() {
 		c = outbox.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
@@ -132,11 +141,11 @@ func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbo
 		if c.ID, err = outbox.ParseID(id); err != nil {
 			return nil, nil, err
 		}
-		if state == "settled" {
+		if kind == rowSettled {
 			done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
 			continue
 		}
-		c.Dead = state == string(outbox.StateDead)
+		c.Dead = kind == rowDead
 		claimed = append(claimed, c)
 	}
 	return claimed, done, rows.Err()
