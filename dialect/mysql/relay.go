@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/internal/backoff"
+	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -96,10 +97,7 @@ func ClaimUpdateSQL(t outbox.Table, ids []outbox.ID, lease time.Duration, maxAtt
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
 	var claimed []outbox.Claimed
 	var done []outbox.Fence
-	s := make([]outbox.Settlement, len(p.Done))
-	for i, f := range p.Done {
-		s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
-	}
+	s := sqlbuild.Successes(p.Done)
 	err := d.fenced(ctx, db, "claim", func(tx outbox.DB, exact bool) error {
 		claimed, done = nil, nil
 		if len(s) > 0 {
@@ -277,17 +275,7 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 // settlements whose fence holds, so it knows which applied.
 func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement, exact bool) ([]outbox.Fence, error) {
 	if ex, ok := tx.(outbox.ExecDB); ok && !exact {
-		var done, retry, dead []outbox.Settlement
-		for _, x := range s {
-			switch x.Kind {
-			case outbox.SettleDone:
-				done = append(done, x)
-			case outbox.SettleRetry:
-				retry = append(retry, x)
-			case outbox.SettleDead:
-				dead = append(dead, x)
-			}
-		}
+		done, retry, dead := sqlbuild.ByKind(s)
 		var changed int64
 		for _, q := range SettleSQL(t, p, done, retry, dead) {
 			n, err := ex.ExecDB(ctx, q)
@@ -299,41 +287,23 @@ func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettlePa
 		if changed != int64(len(s)) {
 			return nil, errStaleFence
 		}
-		fences := make([]outbox.Fence, len(s))
-		for i := range s {
-			fences[i] = s[i].Fence
-		}
-		return fences, nil
+		return sqlbuild.FencesOf(s), nil
 	}
-	fences := make([]outbox.Fence, len(s))
-	for i := range s {
-		fences[i] = s[i].Fence
-	}
-	idx, err := held(ctx, tx, t, fences, func(i int) bool { return s[i].Kind == outbox.SettleDead && p.DiscardDead })
+	idx, err := held(ctx, tx, t, sqlbuild.FencesOf(s), func(i int) bool { return s[i].Kind == outbox.SettleDead && p.DiscardDead })
 	if err != nil {
 		return nil, err
 	}
-	var done, retry, dead []outbox.Settlement
-	applied := make([]outbox.Fence, 0, len(idx))
-	for _, i := range idx {
-		switch s[i].Kind {
-		case outbox.SettleDone:
-			done = append(done, s[i])
-		case outbox.SettleRetry:
-			retry = append(retry, s[i])
-		case outbox.SettleDead:
-			dead = append(dead, s[i])
-		default:
-			continue
-		}
-		applied = append(applied, s[i].Fence)
+	holding := make([]outbox.Settlement, len(idx))
+	for k, i := range idx {
+		holding[k] = s[i]
 	}
+	done, retry, dead := sqlbuild.ByKind(holding)
 	for _, q := range SettleSQL(t, p, done, retry, dead) {
 		if err := exec(ctx, tx, q); err != nil {
 			return nil, err
 		}
 	}
-	return applied, nil
+	return sqlbuild.FencesOf(holding), nil
 }
 
 // SettleSQL returns the fenced statements that write settlements: done
@@ -366,7 +336,7 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 	// Successes, the common case, are written one statement per attempts
 	// value: the fence is then an integer compare per row instead of a
 	// row-value IN over every pair.
-	for _, group := range groupByAttempts(done) {
+	for _, group := range sqlbuild.ByAttempts(done) {
 		var b strings.Builder
 		if p.KeepDelivered {
 			b.WriteString("UPDATE " + tbl + " SET settled_at = " + now + ", last_error = NULL, state = 'delivered'")
@@ -418,23 +388,6 @@ func sameAttempts(s []outbox.Settlement) int {
 		}
 	}
 	return s[0].Attempts
-}
-
-// groupByAttempts splits s by attempts, in the order each value first
-// appears.
-func groupByAttempts(s []outbox.Settlement) [][]outbox.Settlement {
-	var groups [][]outbox.Settlement
-next:
-	for _, x := range s {
-		for i, g := range groups {
-			if g[0].Attempts == x.Attempts {
-				groups[i] = append(g, x)
-				continue next
-			}
-		}
-		groups = append(groups, []outbox.Settlement{x})
-	}
-	return groups
 }
 
 // byID writes a CASE on id giving each settlement's value.
@@ -629,25 +582,10 @@ func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, state
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
 	// Grouped by the topic's bytes: utf8mb4_bin would merge "t" and "t ".
-	rows, err := db.QueryDB(ctx, `SELECT `+topicIs+`,
+	return sqlbuild.Stats(ctx, db, `SELECT `+topicIs+`,
     SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
     COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), `+now+`), 0)
-FROM `+QuoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs)
-	if err != nil {
-		return nil, err
-	}
-	var out []outbox.TopicStats
-	for rows.Next() {
-		var s outbox.TopicStats
-		var age int64
-		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &age); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		s.OldestPending = time.Duration(age) * time.Microsecond
-		out = append(out, s)
-	}
-	return out, closeRows(rows)
+FROM `+QuoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs, time.Microsecond)
 }
 
 // ListenSQL returns "": MySQL has no notifications; relays poll.

@@ -224,28 +224,14 @@ FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fe
 }
 
 func (*dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
-	var done, retry, dead []outbox.Settlement
-	for _, x := range s {
-		switch x.Kind {
-		case outbox.SettleDone:
-			done = append(done, x)
-		case outbox.SettleRetry:
-			retry = append(retry, x)
-		case outbox.SettleDead:
-			dead = append(dead, x)
-		}
-	}
+	done, retry, dead := sqlbuild.ByKind(s)
 	deleteDone, markDelivered, retrySQL, markDead, deleteDead := SettleSQL(t)
 	var applied []outbox.Fence
 	run := func(xs []outbox.Settlement, q string, extra ...func(x *outbox.Settlement) (string, bool)) error {
 		if len(xs) == 0 {
 			return nil
 		}
-		fences := make([]outbox.Fence, len(xs))
-		for i := range xs {
-			fences[i] = xs[i].Fence
-		}
-		ids, attempts := fenceArrays(fences)
+		ids, attempts := fenceArrays(sqlbuild.FencesOf(xs))
 		args := []any{ids, attempts}
 		for _, f := range extra {
 			args = append(args, arrayLiteral(len(xs), func(i int) (string, bool) { return f(&xs[i]) }))
@@ -328,28 +314,13 @@ SELECT count(*) FROM d`, textArray(ss), olderThan.Seconds())
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
-	rows, err := db.QueryDB(ctx, `SELECT topic,
+	return sqlbuild.Stats(ctx, db, `SELECT topic,
     count(*) FILTER (WHERE state = 'pending'),
     count(*) FILTER (WHERE state = 'processing'),
     count(*) FILTER (WHERE state = 'delivered'),
     count(*) FILTER (WHERE state = 'dead'),
-    COALESCE(EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())), 0)::float8
-FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []outbox.TopicStats
-	for rows.Next() {
-		var s outbox.TopicStats
-		var age float64
-		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &age); err != nil {
-			return nil, err
-		}
-		s.OldestPending = time.Duration(age * float64(time.Second))
-		out = append(out, s)
-	}
-	return out, rows.Err()
+    COALESCE((EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())) * 1000000)::bigint, 0)
+FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Microsecond)
 }
 
 // ListenSQL returns the LISTEN statement for table t's channel.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"iter"
-	"slices"
 	"strings"
 	"time"
 
@@ -74,21 +72,13 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 	var done []outbox.Fence
 	if len(p.Done) > 0 {
 		var err error
-		done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, outbox.SettleDone, fenceSettlements(p.Done))
+		done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, outbox.SettleDone, sqlbuild.Successes(p.Done))
 		if err != nil {
 			return nil, nil, err
 		}
 	}
 	claimed, err := claim(ctx, db, t, p)
 	return claimed, done, err
-}
-
-func fenceSettlements(fs []outbox.Fence) []outbox.Settlement {
-	s := make([]outbox.Settlement, len(fs))
-	for i, f := range fs {
-		s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
-	}
-	return s
 }
 
 func claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
@@ -169,8 +159,8 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 		return sqlbuild.Fences(ctx, db, q, settleRows(s))
 	}
 	var applied []outbox.Fence
-	for attempts, ids := range idsByAttempts(s) {
-		got, err := sqlbuild.Fences(ctx, db, q, ids, attempts)
+	for _, group := range sqlbuild.ByAttempts(s) {
+		got, err := sqlbuild.Fences(ctx, db, q, idList(group), group[0].Attempts)
 		applied = append(applied, got...)
 		if err != nil {
 			return applied, err
@@ -179,54 +169,34 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 	return applied, nil
 }
 
-// idsByAttempts groups the ids of s by their attempts, as JSON arrays
-// written directly (ids print as UUID text, which JSON strings hold as is),
-// in the order each attempts value first appears.
-func idsByAttempts(s []outbox.Settlement) iter.Seq2[int, string] {
-	return func(yield func(int, string) bool) {
-		var values []int // few: at most the relay's max attempts
-		for _, x := range s {
-			if !slices.Contains(values, x.Attempts) {
-				values = append(values, x.Attempts)
-			}
+// idList is the JSON array of the ids of s, written directly: ids print as
+// UUID text, which JSON strings hold as is.
+func idList(s []outbox.Settlement) string {
+	var buf [36]byte
+	var b strings.Builder
+	b.Grow(2 + 39*len(s))
+	b.WriteByte('[')
+	for i, x := range s {
+		if i > 0 {
+			b.WriteByte(',')
 		}
-		var buf [36]byte
-		var b strings.Builder
-		for _, attempts := range values {
-			b.Reset()
-			b.Grow(2 + 39*len(s))
-			b.WriteByte('[')
-			for _, x := range s {
-				if x.Attempts != attempts {
-					continue
-				}
-				if b.Len() > 1 {
-					b.WriteByte(',')
-				}
-				b.WriteByte('"')
-				b.Write(x.ID.AppendText(buf[:0]))
-				b.WriteByte('"')
-			}
-			b.WriteByte(']')
-			if !yield(attempts, b.String()) {
-				return
-			}
-		}
+		b.WriteByte('"')
+		b.Write(x.ID.AppendText(buf[:0]))
+		b.WriteByte('"')
 	}
+	b.WriteByte(']')
+	return b.String()
 }
 
 func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
 	db = prepared(db)
-	byKind := map[outbox.SettleKind][]outbox.Settlement{}
-	for _, x := range s {
-		byKind[x.Kind] = append(byKind[x.Kind], x)
-	}
+	done, retry, dead := sqlbuild.ByKind(s)
 	var applied []outbox.Fence
-	for _, kind := range []outbox.SettleKind{outbox.SettleDone, outbox.SettleRetry, outbox.SettleDead} {
-		if len(byKind[kind]) == 0 {
+	for _, group := range [][]outbox.Settlement{done, retry, dead} {
+		if len(group) == 0 {
 			continue
 		}
-		got, err := d.settleKind(ctx, db, t, p, kind, byKind[kind])
+		got, err := d.settleKind(ctx, db, t, p, group[0].Kind, group)
 		applied = append(applied, got...)
 		if err != nil {
 			return applied, fmt.Errorf("settle: %w", err)
@@ -243,7 +213,7 @@ func RenewSQL(t outbox.Table) string {
 }
 
 func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return sqlbuild.Fences(ctx, prepared(db), RenewSQL(t), settleRows(fenceSettlements(held)), lease.Milliseconds())
+	return sqlbuild.Fences(ctx, prepared(db), RenewSQL(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
 }
 
 // count runs a statement and counts the rows it returns.
@@ -276,25 +246,10 @@ WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dea
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
-	rows, err := db.QueryDB(ctx, `SELECT topic,
+	return sqlbuild.Stats(ctx, db, `SELECT topic,
     sum(state = 'pending'), sum(state = 'processing'), sum(state = 'delivered'), sum(state = 'dead'),
     coalesce(`+now+` - min(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), 0)
-FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []outbox.TopicStats
-	for rows.Next() {
-		var s outbox.TopicStats
-		var ageMS int64
-		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &ageMS); err != nil {
-			return nil, err
-		}
-		s.OldestPending = time.Duration(ageMS) * time.Millisecond
-		out = append(out, s)
-	}
-	return out, rows.Err()
+FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Millisecond)
 }
 
 // ListenSQL returns "": SQLite has no notifications; relays poll.

@@ -69,6 +69,7 @@ func Run(t *testing.T, h Harness) {
 		{"DeadLetterAndRedrive", deadLetterAndRedrive},
 		{"CancelAndInvalidPayload", cancelAndInvalid},
 		{"Purge", purge},
+		{"Stats", stats},
 		{"KeepDelivered", keepDelivered},
 		{"ShutdownDrain", shutdownDrain},
 	} {
@@ -383,6 +384,33 @@ func fencingMixedBatch(t *testing.T, e *env) {
 		if want := map[bool]int{true: 3, false: 1}[tc.p.KeepDelivered]; left != want {
 			t.Errorf("%s: %d rows left, want %d", tc.name, left, want)
 		}
+	}
+}
+
+// stats: counts per topic and state, and the age of the oldest due
+// pending message on the database clock (a message not yet due has none).
+func stats(t *testing.T, e *env) {
+	e.publish(t, outbox.Message{Topic: "a"}, outbox.Message{Topic: "a"}, outbox.Message{Topic: "b", Delay: time.Hour})
+	time.Sleep(150 * time.Millisecond)
+	if cs := claim(t, e, outbox.ClaimParams{Topics: []string{"a"}, Limit: 1, Lease: time.Minute, MaxAttempts: 3}); len(cs) != 1 {
+		t.Fatalf("claimed %d", len(cs))
+	}
+	ss, err := e.ob.Stats(context.Background(), e.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 2 || ss[0].Topic != "a" || ss[1].Topic != "b" {
+		t.Fatalf("stats %+v", ss)
+	}
+	a, b := ss[0], ss[1]
+	if a.Pending != 1 || a.Processing != 1 || a.Delivered != 0 || a.Dead != 0 || b.Pending != 1 {
+		t.Errorf("counts %+v %+v", a, b)
+	}
+	if a.OldestPending < 100*time.Millisecond || a.OldestPending > time.Minute {
+		t.Errorf("oldest due pending of a: %v, want about 150ms", a.OldestPending)
+	}
+	if b.OldestPending != 0 {
+		t.Errorf("oldest due pending of b: %v, want 0 (not due)", b.OldestPending)
 	}
 }
 
