@@ -47,8 +47,12 @@ func TestHandlerContext(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // Run's context ends meanwhile
 		s.errAtStop = hctx.Err()
 		t0 := time.Now()
-		<-derived.Done()
-		s.derivedEnded = time.Since(t0)
+		select {
+		case <-derived.Done():
+			s.derivedEnded = time.Since(t0)
+		case <-time.After(5 * time.Second): // never cancelled: fail, not hang
+			s.derivedEnded = time.Hour
+		}
 		got <- s
 		return hctx.Err()
 	}); err != nil {

@@ -15,6 +15,7 @@ import (
 	driver "github.com/go-sql-driver/mysql"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/mysqltest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -89,17 +90,6 @@ func publishMany(t *testing.T, e *env, n int, topic string) {
 	}
 }
 
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestFourRelays: four relays (separate pools, as separate replicas) on
 // 20,000 messages never hold the same (id, attempts) twice and deliver every
 // message; lock conflicts between their transactions, if any, are retried
@@ -136,7 +126,7 @@ func TestFourRelays(t *testing.T) {
 		go func() { defer wg.Done(); _ = r.Run(ctx) }()
 	}
 	begin := time.Now()
-	eventually(t, 180*time.Second, "all delivered and settled", func() bool { return count(t, e.table, "") == 0 })
+	dialecttest.Eventually(t, 180*time.Second, "all delivered and settled", func() bool { return count(t, e.table, "") == 0 })
 	took := time.Since(begin)
 	cancel()
 	wg.Wait()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/sqlite"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -38,31 +39,12 @@ func publish(t *testing.T, db *sql.DB, ob *outbox.Outbox, msgs ...outbox.Message
 
 func runRelay(t *testing.T, r *outbox.Relay) func() {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return dialecttest.StartRelay(t, r)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	dialecttest.Eventually(t, 15*time.Second, what, cond)
 }
 
 func relayCfg(t *testing.T) outbox.RelayConfig {

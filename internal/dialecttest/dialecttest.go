@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,6 +127,13 @@ func (e *env) relay(t *testing.T, cfg outbox.RelayConfig, handlers map[string]ou
 			t.Fatal(err)
 		}
 	}
+	return StartRelay(t, r)
+}
+
+// StartRelay runs r until stop is called or t ends; stop waits for Run to
+// return and fails t if it returned an error.
+func StartRelay(t testing.TB, r *outbox.Relay) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -142,15 +150,21 @@ func (e *env) relay(t *testing.T, cfg outbox.RelayConfig, handlers map[string]ou
 	return stop
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+// Eventually waits until cond holds, failing t after within.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out after %v waiting for %s", within, what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	Eventually(t, 20*time.Second, what, cond)
 }
 
 func publishAtomicity(t *testing.T, e *env) {
@@ -338,7 +352,7 @@ func fencingMixedBatch(t *testing.T, e *env) {
 		{"done kept", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, false},
 		{"dead discarded", outbox.SettleParams{DiscardDead: true}, outbox.SettleDead, false},
 	} {
-		topic := fmt.Sprintf("mixed%d", tc.kind*10+outbox.SettleKind(len(tc.name)))
+		topic := strings.ReplaceAll(tc.name, " ", "_")
 		res := e.publish(t, outbox.Message{Topic: topic}, outbox.Message{Topic: topic}, outbox.Message{Topic: topic})
 		a, b, c := res[0].ID, res[1].ID, res[2].ID
 		p := outbox.ClaimParams{Topics: []string{topic}, Limit: 3, Lease: 50 * time.Millisecond, MaxAttempts: 5}
