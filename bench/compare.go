@@ -77,10 +77,10 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 	}
 	printEnvironment(ctx, admin)
 	set := newSystems(ctx, admin)
-	raw, onc, oncOff, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.riv, set.rivBest, set.gu, set.guBest
+	raw, onc, oncOff, oncBest, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.oncBest, set.riv, set.rivBest, set.gu, set.guBest
 
 	fmt.Println("\nsystems:")
-	for _, s := range []*system{raw, onc, oncOff, riv, rivBest, gu, guBest} {
+	for _, s := range []*system{raw, onc, oncOff, oncBest, riv, rivBest, gu, guBest} {
 		fmt.Printf("  %-20s %s\n", s.name, s.settings)
 	}
 
@@ -93,7 +93,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		}
 		return out
 	}
-	publishers := pick(raw, onc, oncOff, riv, gu)
+	publishers := pick(raw, onc, oncOff, oncBest, riv, gu)
 	consumers := pick(raw, onc, riv, rivBest, gu, guBest)
 	res := &results{by: map[string]*series{}}
 	for round := 1; round <= *rounds; round++ {
@@ -124,7 +124,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 			}
 		}
 		if want("latency") {
-			for _, s := range rotate(consumers[1:]) { // raw has no consumer
+			for _, s := range rotate(pick(onc, oncBest, riv, rivBest, gu, guBest)) { // raw has no consumer
 				p50, p99 := latencyRun(ctx, s, *latencyN)
 				res.add("latency-p50", s.name, "ms", false, p50)
 				res.add("latency-p99", s.name, "ms", false, p99)
@@ -143,7 +143,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		if want("notify") {
 			for _, producers := range []int{1, 4, 16} {
 				name := fmt.Sprintf("notify-%d", producers)
-				for _, s := range rotate(pick(raw, onc, oncOff)) {
+				for _, s := range rotate(pick(raw, onc, oncOff, oncBest)) {
 					res.add(name, s.name, "msg/s", true, publishRun(ctx, s, producers, 1600, 1, nil))
 				}
 			}
@@ -213,6 +213,7 @@ func drainRun(ctx context.Context, s *system, procs, n int, mark func()) float64
 		<-done
 		stop()
 		secs = time.Since(t0).Seconds()
+		closePools()
 		delivered = k.Load()
 	}
 	if left := s.left(ctx); int64(left)+delivered != int64(n) {
@@ -253,6 +254,7 @@ func latencyRun(ctx context.Context, s *system, k int) (p50, p99 float64) {
 		check(fmt.Errorf("%s: latency: not every message delivered within 30s", s.name))
 	}
 	stop()
+	closePools()
 	lat := make([]float64, 0, k)
 	for i := 1; i <= k; i++ {
 		if handled[i].Load() == 0 {
@@ -397,6 +399,7 @@ func skewRun(ctx context.Context, s *system) float64 {
 		<-done
 		ms = float64(time.Since(t0).Microseconds()) / 1000
 		stop()
+		closePools()
 	}
 	if left := s.left(ctx); left != 0 {
 		check(fmt.Errorf("%s: skew left %d messages", s.name, left))

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
 
@@ -20,17 +21,41 @@ type Dialect interface {
 	// DedupKey is already taken are skipped, not an error, and the statement
 	// returns the id (as text) of each row it stored. When no row has one,
 	// every row is stored or the statement fails, and whatever rows the
-	// statement returns are ignored. When notify is true the statement also
-	// sends the wake-up notification (inside the same transaction). rows
-	// holds at least one row and at most
+	// statement returns are ignored. When wake.Send is true the statement
+	// also sends the wake-up notification, with wake.Payload, inside the
+	// same transaction. rows holds at least one row and at most
 	// Capabilities().MaxParams / Capabilities().ParamsPerRow.
-	Insert(table Table, rows []Row, notify bool) (query string, args []any)
+	Insert(table Table, rows []Row, wake Wake) (query string, args []any)
 
 	// Classify maps an error returned by the driver for a statement of this
 	// dialect to one of the outbox sentinels (ErrTxAborted, ErrReadOnlyTx,
 	// ErrTableMissing...), wrapping both; it returns err unchanged when it
 	// knows no better.
 	Classify(err error) error
+}
+
+// Wake is the wake-up notification a publish statement sends.
+type Wake struct {
+	// Send is true when the statement notifies.
+	Send bool
+	// Payload is the notification's payload: "" from an Outbox that
+	// notifies on every publish, the follow-up delay (see
+	// [Config.NotifyInterval]) in microseconds, as decimal text, from one
+	// that coalesces its notifications.
+	Payload string
+}
+
+// followUp reads a Wake payload: the delay after which a relay woken by
+// the notification should claim again, 0 when it asks for none.
+func followUp(payload string) time.Duration {
+	if payload == "" || len(payload) > 12 {
+		return 0
+	}
+	us, err := strconv.ParseInt(payload, 10, 64)
+	if err != nil || us <= 0 {
+		return 0
+	}
+	return time.Duration(us) * time.Microsecond
 }
 
 // Capabilities describes what a [Dialect]'s database supports.
@@ -128,9 +153,10 @@ type StoredLister interface {
 // dedicated connection (PostgreSQL LISTEN).
 type Listener interface {
 	// ListenDB opens a dedicated connection, runs listenSQL on it, calls
-	// wake once when listening and once per notification, and blocks until
-	// ctx ends (returning nil) or the connection fails (returning the error).
-	ListenDB(ctx context.Context, listenSQL string, wake func()) error
+	// wake once when listening (with payload "") and once per notification
+	// (with its payload), and blocks until ctx ends (returning nil) or the
+	// connection fails (returning the error).
+	ListenDB(ctx context.Context, listenSQL string, wake func(payload string)) error
 }
 
 // RelayDialect is the part of a dialect the relay and the operations need.

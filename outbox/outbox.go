@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,6 +47,25 @@ type Config struct {
 	// caller's transaction. Defaults to NotifyAuto.
 	Notify NotifyMode
 
+	// NotifyInterval, when positive, coalesces notifications: the Outbox
+	// sends at most one per NotifyInterval, and a Publish within the
+	// interval after one that notified sends its INSERT without NOTIFY.
+	// The notification that was sent asks the relays it wakes to claim
+	// again NotifyInterval later, and again while such follow-up claims
+	// find messages, so the messages of the silent publishes are found
+	// within about NotifyInterval of their commit when their transactions
+	// commit within about NotifyInterval of the notifying one. A silent
+	// publish whose transaction commits later, or whose notifying
+	// publish rolled back, waits for the next notification or the relay's
+	// poll (RelayConfig.PollInterval).
+	//
+	// Why: PostgreSQL serialises the commits of all transactions that
+	// notified (one lock, held through the commit's WAL flush), so with
+	// many concurrent producers every publish notifying caps the commit
+	// rate near that of one producer. 5ms is a good value there. Zero, the
+	// default, notifies on every publish.
+	NotifyInterval time.Duration
+
 	// MaxPayloadBytes bounds Message.Payload. Defaults to
 	// DefaultMaxPayloadBytes (1 MiB).
 	MaxPayloadBytes int
@@ -70,6 +91,12 @@ type Outbox struct {
 	table  Table
 	notify bool
 	cfg    Config
+
+	// With NotifyInterval: when the last notifying publish began, in
+	// nanoseconds since epoch (monotonic).
+	epoch      time.Time
+	lastNotify atomic.Int64
+	wakeLoud   Wake // the notification a publish sends
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -135,7 +162,36 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	if notify && len(table.String()) > 63 {
 		return nil, &ConfigError{"Table", "longer than 63 bytes, too long to be the notification channel; shorten it or set Notify to NotifyOff"}
 	}
-	return &Outbox{d: d, caps: caps, table: table, notify: notify, cfg: cfg}, nil
+	if cfg.NotifyInterval < 0 {
+		return nil, &ConfigError{"NotifyInterval", "must not be negative"}
+	}
+	o := &Outbox{d: d, caps: caps, table: table, notify: notify, cfg: cfg, epoch: time.Now()}
+	o.lastNotify.Store(math.MinInt64)
+	if notify {
+		o.wakeLoud.Send = true
+		if cfg.NotifyInterval > 0 {
+			o.wakeLoud.Payload = strconv.FormatInt(max(1, cfg.NotifyInterval.Microseconds()), 10)
+		}
+	}
+	return o, nil
+}
+
+// wake decides whether this publish notifies: always when notifying
+// without NotifyInterval, else when no publish of this Outbox notified in
+// the last NotifyInterval.
+func (o *Outbox) wake() Wake {
+	if !o.wakeLoud.Send || o.cfg.NotifyInterval <= 0 {
+		return o.wakeLoud
+	}
+	now := int64(time.Since(o.epoch))
+	last := o.lastNotify.Load()
+	if last != math.MinInt64 && now-last < int64(o.cfg.NotifyInterval) {
+		return Wake{}
+	}
+	if !o.lastNotify.CompareAndSwap(last, now) {
+		return Wake{} // a concurrent publish notifies
+	}
+	return o.wakeLoud
 }
 
 // Table returns the outbox table.
@@ -185,6 +241,10 @@ type Statement struct {
 	// IDs are the ids generated for the messages, in order; each appears in
 	// Args as its text form.
 	IDs []ID
+	// QuietQuery, when not empty, is the statement Publish sends instead of
+	// Query, with the same Args, when [Config.NotifyInterval] has coalesced
+	// the publish's notification away: Query without the NOTIFY.
+	QuietQuery string
 	// StoredQuery and StoredArgs, when StoredQuery is not empty, are the
 	// second statement Publish sends after Query, on dialects that
 	// implement [StoredLister] (MySQL) when a message has a DedupKey: it
@@ -201,8 +261,11 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	if err != nil {
 		return Statement{}, err
 	}
-	q, args := o.d.Insert(o.table, rows, o.notify)
+	q, args := o.d.Insert(o.table, rows, o.wakeLoud)
 	st := Statement{Query: q, Args: args, IDs: rowIDs(rows)}
+	if o.wakeLoud.Send && o.cfg.NotifyInterval > 0 {
+		st.QuietQuery, _ = o.d.Insert(o.table, rows, Wake{})
+	}
 	if sl, ok := o.d.(StoredLister); ok {
 		for i := range rows {
 			if rows[i].DedupKey != "" {
@@ -251,7 +314,7 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 	if err != nil {
 		return err
 	}
-	query, args := o.d.Insert(o.table, rows, o.notify)
+	query, args := o.d.Insert(o.table, rows, o.wake())
 	if o.cfg.CommandTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.cfg.CommandTimeout)

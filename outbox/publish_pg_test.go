@@ -293,15 +293,7 @@ func TestNotify(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, outbox.Config{Notify: mode})
 			ctx := context.Background()
-			listener, err := pgx.Connect(ctx, pgtest.URL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer listener.Close(ctx)
-			channel := postgres.Channel(e.ob.Table())
-			if _, err := listener.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
-				t.Fatal(err)
-			}
+			listener, channel := listenTo(t, e)
 			var tr countTracer
 			pcfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 			if err != nil {

@@ -223,9 +223,13 @@ type Relay struct {
 	// that starts after that starts cancelled.
 	handlersCancelled bool
 
-	wake    chan struct{} // a notification, a freed slot, a reconnect
-	results chan Settlement
-	settled chan struct{} // closed when the settler has stopped
+	wake chan struct{} // a notification, a freed slot, a reconnect
+	// followUp is the largest follow-up delay asked by the notifications
+	// (of coalescing publishers, see Config.NotifyInterval) received
+	// since the claim loop last looked, in nanoseconds.
+	followUp atomic.Int64
+	results  chan Settlement
+	settled  chan struct{} // closed when the settler has stopped
 
 	// done holds successes waiting to be written: the next claim takes
 	// them into its own statement, or the settler writes them after
@@ -420,7 +424,8 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	failures := 0
-	full := false // the last claim filled its limit: more may be due
+	full := false           // the last claim filled its limit: more may be due
+	var trail time.Duration // the follow-up delay in force, 0 for none
 	for {
 		if !full || free() < threshold {
 			select {
@@ -471,7 +476,19 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		}
 		full = len(claimed) == limit
 		if !full {
-			resetTimer(poll, r.cfg.PollInterval)
+			// A coalescing publisher's notification asks for a follow-up
+			// claim: publishes it made silent may commit just after this
+			// claim. Follow up again while follow-ups find messages.
+			if d := time.Duration(r.followUp.Swap(0)); d > 0 {
+				trail = d
+			} else if len(claimed) == 0 {
+				trail = 0
+			}
+			if trail > 0 {
+				resetTimer(poll, trail)
+			} else {
+				resetTimer(poll, r.cfg.PollInterval)
+			}
 		}
 	}
 }
@@ -483,6 +500,20 @@ func resetTimer(t *time.Timer, d time.Duration) {
 	default:
 	}
 	t.Reset(d)
+}
+
+// notified records a notification's follow-up request, if any, and wakes
+// the claim loop.
+func (r *Relay) notified(payload string) {
+	if d := int64(min(followUp(payload), r.cfg.PollInterval)); d > 0 {
+		for {
+			cur := r.followUp.Load()
+			if cur >= d || r.followUp.CompareAndSwap(cur, d) {
+				break
+			}
+		}
+	}
+	r.signal()
 }
 
 // signal wakes the claim loop without blocking.
@@ -879,7 +910,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 	failures := 0
 	for {
 		start := time.Now()
-		err := r.listen.ListenDB(ctx, sql, r.signal)
+		err := r.listen.ListenDB(ctx, sql, r.notified)
 		if ctx.Err() != nil {
 			return
 		}

@@ -12,7 +12,7 @@ type stubDialect struct{ caps Capabilities }
 
 func (stubDialect) Name() string                              { return "stub" }
 func (s stubDialect) Capabilities() Capabilities              { return s.caps }
-func (stubDialect) Insert(Table, []Row, bool) (string, []any) { return "", nil }
+func (stubDialect) Insert(Table, []Row, Wake) (string, []any) { return "", nil }
 func (stubDialect) Classify(err error) error                  { return err }
 
 func TestConfigValidation(t *testing.T) {
@@ -40,6 +40,7 @@ func TestConfigValidation(t *testing.T) {
 		{"batch over params", pg, Config{MaxBatch: 10000}, "MaxBatch"},
 		{"default batch over small params", quiet, Config{}, "MaxBatch"},
 		{"negative timeout", pg, Config{CommandTimeout: -1}, "CommandTimeout"},
+		{"negative notify interval", pg, Config{NotifyInterval: -1}, "NotifyInterval"},
 		{"unknown notify", pg, Config{Notify: 7}, "Notify"},
 		{"notify unsupported", quiet, Config{Notify: NotifyOn, MaxBatch: 10}, "-"},
 		{"notify auto without support", quiet, Config{MaxBatch: 10}, ""},

@@ -2,7 +2,9 @@ package outboxtest_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/adapters/sqltx"
@@ -56,6 +58,34 @@ func TestExpectations(t *testing.T) {
 		}
 		if err := mock.ExpectationsWereMet(); err == nil {
 			t.Fatal("expectation for an invalid message reported as met")
+		}
+	})
+	t.Run("NotifyInterval: notifying or silent, both match", func(t *testing.T) {
+		ob, err := outbox.New(postgres.Dialect(), outbox.Config{NotifyInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := ob.PublishSQL(good)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(st.Query, "pg_notify('outbox', '3600000000')") || st.QuietQuery == "" || strings.Contains(st.QuietQuery, "pg_notify") {
+			t.Fatalf("Query %q\nQuietQuery %q", st.Query, st.QuietQuery)
+		}
+		db, mock, _ := sqlmock.New()
+		defer db.Close()
+		mock.ExpectBegin()
+		for range 3 {
+			outboxtest.ExpectPublish(mock, ob, good)
+		}
+		tx, _ := db.Begin()
+		for i := range 3 { // the first notifies, the others are silent
+			if _, err := ob.Publish(ctx, sqltx.From(tx), good); err != nil {
+				t.Fatalf("publish %d: %v", i, err)
+			}
+		}
+		if err := mock.ExpectationsWereMet(); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

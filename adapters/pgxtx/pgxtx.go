@@ -158,7 +158,7 @@ func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Row
 
 // ListenDB opens a dedicated connection and listens on it until ctx ends or
 // the connection fails.
-func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error {
+func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload string)) error {
 	cfg := d.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = "oncommit-listener"
 	conn, err := pgx.ConnectConfig(ctx, cfg)

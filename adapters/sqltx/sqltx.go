@@ -149,7 +149,7 @@ func (d *DB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 // which it discards afterwards. It needs pgx's stdlib driver; with any other
 // driver it returns an error wrapping [outbox.ErrUnsupported] and the relay
 // polls only.
-func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func()) error {
+func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload string)) error {
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
 		return err

@@ -151,8 +151,8 @@ func QuoteTable(t outbox.Table) string {
 // scheduled: then UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND for a Delay
 // and GREATEST(UTC_TIMESTAMP(6), CAST(? AS DATETIME(6))) for a NotBefore,
 // each parameter in its row's place.
-func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, false, func(b []byte) any { return string(b) })
+func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (string, []any) {
+	return d.insert.Build(QuoteTable(t), t, rows, outbox.Wake{}, func(b []byte) any { return string(b) })
 }
 
 // StoredSQL returns the statement Publish runs after an INSERT with a

@@ -68,14 +68,15 @@ func Channel(t outbox.Table) string { return t.String() }
 // greatest(now(), $n) for a NotBefore, with these parameters after all the
 // column parameters.
 //
-// With notify the INSERT becomes a CTE and the statement calls pg_notify
-// with the channel and an empty payload: one notification per transaction,
-// on one channel per table:
+// With wake.Send the INSERT becomes a CTE and the statement calls pg_notify
+// with the channel and wake.Payload (empty unless the Outbox coalesces its
+// notifications): one notification per transaction, on one channel per
+// table:
 //
 //	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
 //	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
-func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, notify, jsonText)
+func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, wake outbox.Wake) (string, []any) {
+	return d.insert.Build(QuoteTable(t), t, rows, wake, jsonText)
 }
 
 // jsonText passes JSON as text, which every driver sends in a form jsonb
@@ -103,17 +104,20 @@ func newInsert() *sqlbuild.Insert {
 		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore },
 		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
 		Returning:    ` RETURNING id::text`,
-		Notify: func(b *strings.Builder, insert string, t outbox.Table, returning bool) {
+		Notify: func(b *strings.Builder, insert string, t outbox.Table, returning bool, payload string) {
 			b.WriteString("WITH ins AS (")
 			b.WriteString(insert)
 			if returning {
 				b.WriteString(") SELECT ins.id FROM pg_notify(")
-				b.WriteString(quoteLiteral(Channel(t)))
-				b.WriteString(", ''), ins")
 			} else {
 				b.WriteString(") SELECT FROM pg_notify(")
-				b.WriteString(quoteLiteral(Channel(t)))
-				b.WriteString(", '')")
+			}
+			b.WriteString(quoteLiteral(Channel(t)))
+			b.WriteString(", ")
+			b.WriteString(quoteLiteral(payload))
+			b.WriteByte(')')
+			if returning {
+				b.WriteString(", ins")
 			}
 		},
 	}

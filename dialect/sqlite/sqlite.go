@@ -92,8 +92,8 @@ func QuoteTable(t outbox.Table) string {
 // RETURNING clauses only when some message has a DedupKey (without one,
 // every row is stored or the statement fails), and available_at only when
 // some message is scheduled (its default is the database clock).
-func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, notify bool) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, false, func(b []byte) any { return string(b) })
+func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (string, []any) {
+	return d.insert.Build(QuoteTable(t), t, rows, outbox.Wake{}, func(b []byte) any { return string(b) })
 }
 
 // Classify returns err unchanged: SQLite reports these conditions only by

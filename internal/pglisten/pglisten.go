@@ -17,24 +17,24 @@ const HealthEvery = 15 * time.Second
 // HealthTimeout bounds that check.
 const HealthTimeout = 5 * time.Second
 
-// Run executes listenSQL on conn, calls wake once listening and once per
-// notification, and returns nil when ctx ends or the error that ended the
+// Run executes listenSQL on conn, calls wake once listening (with payload
+// "") and once per notification (with its payload), and returns nil when ctx ends or the error that ended the
 // connection.
-func Run(ctx context.Context, conn *pgx.Conn, listenSQL string, wake func()) error {
+func Run(ctx context.Context, conn *pgx.Conn, listenSQL string, wake func(payload string)) error {
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-	wake()
+	wake("")
 	for {
 		wctx, cancel := context.WithTimeout(ctx, HealthEvery)
-		_, err := conn.WaitForNotification(wctx)
+		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case err == nil:
-			wake()
+			wake(n.Payload)
 			continue
 		case ctx.Err() != nil:
 			return nil

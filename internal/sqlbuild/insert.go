@@ -31,8 +31,8 @@ type Insert struct {
 	OnConflict string
 	Returning  string
 	// Notify, when not nil, wraps the INSERT (with or without its
-	// Returning clause) with the wake-up notification.
-	Notify func(b *strings.Builder, insert string, t outbox.Table, returning bool)
+	// Returning clause) with the wake-up notification carrying payload.
+	Notify func(b *strings.Builder, insert string, t outbox.Table, returning bool, payload string)
 
 	// stmts caches the text of statements whose rows are all immediate: a
 	// batch of n such rows always has the same text.
@@ -44,6 +44,7 @@ type stmtKey struct {
 	n             int
 	cols          uint8
 	dedup, notify bool
+	payload       string
 }
 
 // Optional columns, present in the statement only when some row has a
@@ -68,7 +69,7 @@ var optional = [...]struct {
 // rows' values, row after row, in the order they appear in the text (a
 // delayed row's scheduling parameter after its columns), so positional "?"
 // placeholders work as well as numbered ones.
-func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, notify bool, text func(b []byte) any) (string, []any) {
+func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, wake outbox.Wake, text func(b []byte) any) (string, []any) {
 	var cols uint8
 	immediate := true
 	for i := range rows {
@@ -118,8 +119,11 @@ func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, n
 		}
 	}
 	dedup := cols&colDedup != 0
-	notify = notify && in.Notify != nil
-	key := stmtKey{t, len(rows), cols, dedup, notify}
+	notify := wake.Send && in.Notify != nil
+	key := stmtKey{t, len(rows), cols, dedup, notify, ""}
+	if notify {
+		key.payload = wake.Payload
+	}
 	if immediate {
 		if q, ok := in.stmts.Load(key); ok {
 			return q.(string), args
@@ -174,7 +178,7 @@ func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, n
 	q := b.String()
 	if notify {
 		var w strings.Builder
-		in.Notify(&w, q, t, dedup)
+		in.Notify(&w, q, t, dedup, wake.Payload)
 		q = w.String()
 	}
 	if immediate {
