@@ -26,6 +26,7 @@ import (
 var (
 	compareOnly = flag.String("scenarios", "", "compare: comma-separated scenarios to run (default all): "+strings.Join(compareScenarios, ","))
 	chartPath   = flag.String("chart", "", "compare: write a PNG chart of the throughput scenarios to this file (e.g. ../docs/bench-compare.png)")
+	notifyEvery = flag.Duration("notify-interval", 5*time.Millisecond, "compare: Config.NotifyInterval of the oncommit-best system")
 	systemsOnly = flag.String("systems", "", "compare: comma-separated systems to run (default all; raw always runs)")
 	latencyN    = flag.Int("latency-n", 300, "compare: messages per latency measurement (at 100 msg/s)")
 )

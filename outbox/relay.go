@@ -313,8 +313,10 @@ func (r *Relay) Handle(topic string, h Handler) error {
 	return nil
 }
 
-// Run claims and handles messages until ctx ends, then stops claiming, lets
-// running handlers finish within RelayConfig.ShutdownGrace, cancels the rest
+// Run claims and handles messages until ctx ends, then stops claiming (a
+// claim already sent may finish, for up to a second, and its messages are
+// handled), lets running handlers finish within
+// RelayConfig.ShutdownGrace, cancels the rest
 // (their leases lapse and another claim delivers them again), writes the
 // outcomes it has and returns nil. Errors talking to the database are
 // logged and retried with backoff, never returned. Run returns an error
@@ -409,10 +411,9 @@ func (r *Relay) cancelHandlers() {
 // enough slots are free (see threshold), so a busy relay claims in batches
 // rather than one row per finished handler.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
-	// running counts the handlers in flight; each one that ends signals
-	// freed (coalesced).
-	var running atomic.Int64
-	freed := make(chan struct{}, 1)
+	// sl.running counts the handlers in flight.
+	sl := &slots{freed: make(chan struct{}, 1)}
+	running, freed := &sl.running, sl.freed
 	free := func() int { return r.cfg.Concurrency - int(running.Load()) }
 	// After a full claim, claim again once this many slots are free: a whole
 	// batch when the slots hold two batches (one runs while the next is
@@ -421,6 +422,13 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	if r.cfg.Concurrency >= 2*r.cfg.BatchSize {
 		threshold = r.cfg.BatchSize
 	}
+	// The handler whose end frees the threshold-th slot signals freed:
+	// the loop waits on freed only for that.
+	sl.signalAt = int64(r.cfg.Concurrency - threshold)
+	// Idle handler goroutines wait on jobs for the next message.
+	jobs := make(chan *job)
+	defer close(jobs)
+	lastDispatch := time.Now()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	failures := 0
@@ -443,12 +451,12 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		if ctx.Err() != nil {
 			return
 		}
-		slots := free()
-		if slots == 0 {
-			continue // a finishing handler signals freed
+		nfree := free()
+		if nfree == 0 {
+			continue // all slots busy: wait for the next poll or wake-up
 		}
-		limit := min(slots, r.cfg.BatchSize)
-		claimed, err := r.claim(ctx, limit)
+		limit := min(nfree, r.cfg.BatchSize)
+		claimed, err := r.claimFinishing(ctx, limit)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -461,9 +469,11 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			continue
 		}
 		failures = 0
-		for i := range claimed {
-			c := &claimed[i]
-			if c.Dead {
+		batch := r.register(handlersCtx, claimed)
+		for i := range batch {
+			j := &batch[i]
+			if j.c.Dead {
+				c := j.c
 				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts)
 				if r.cfg.DiscardDead {
 					r.send(Settlement{Fence: Fence{c.ID, c.Attempts}, Kind: SettleDead, Error: "max attempts reached"})
@@ -472,9 +482,19 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			}
 			running.Add(1)
 			workers.Add(1)
-			go r.work(handlersCtx, &claimed[i], workers, &running, freed)
+			select {
+			case jobs <- j: // an idle handler goroutine takes it
+			default:
+				go r.work(j, jobs, workers, sl)
+			}
+		}
+		if len(batch) > 0 {
+			lastDispatch = time.Now()
 		}
 		full = len(claimed) == limit
+		if len(claimed) == 0 && time.Since(lastDispatch) > workerIdle {
+			retire(jobs)
+		}
 		if !full {
 			// A coalescing publisher's notification asks for a follow-up
 			// claim: publishes it made silent may commit just after this
@@ -489,6 +509,31 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			} else {
 				resetTimer(poll, r.cfg.PollInterval)
 			}
+		}
+	}
+}
+
+// claimFinishing claims like claim, but a claim in flight when ctx ends
+// may still finish, for up to min(ShutdownGrace, 1s): cancelling it
+// mid-statement makes the driver tear its connection down (pgx sends the
+// server a cancel request), and the last settle at shutdown then waits for
+// the cancelled statement's row locks. The rows it claims are handled
+// within the grace period like those of earlier claims.
+func (r *Relay) claimFinishing(ctx context.Context, limit int) ([]Claimed, error) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(min(r.cfg.ShutdownGrace, time.Second), cancel) })
+	defer stop()
+	return r.claim(cctx, limit)
+}
+
+// retire makes the handler goroutines waiting on jobs exit.
+func retire(jobs chan<- *job) {
+	for {
+		select {
+		case jobs <- nil:
+		default:
+			return
 		}
 	}
 }
@@ -588,31 +633,82 @@ func wrapCtx(ctx context.Context, err error) error {
 
 // work is a handler slot: it delivers c, then frees the slot. (Started as
 // go r.work(...), with no closure to allocate.)
-func (r *Relay) work(ctx context.Context, c *Claimed, workers *sync.WaitGroup, running *atomic.Int64, freed chan<- struct{}) {
+// workerIdle is how long a relay dispatches nothing before its idle
+// handler goroutines exit.
+const workerIdle = 5 * time.Second
+
+// work delivers c, then the messages the claim loop hands it through jobs,
+// until jobs is closed or yields nil (the relay has been idle a while).
+// Reusing goroutines saves starting one per message and growing its stack
+// again each time.
+func (r *Relay) work(j *job, jobs <-chan *job, workers *sync.WaitGroup, sl *slots) {
+	for j != nil {
+		r.workOne(j, workers, sl)
+		j = <-jobs
+	}
+}
+
+// job is a claimed message with its handler's context, registered in
+// r.inflight.
+type job struct {
+	c      *Claimed
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// register gives each claimed message (but dead-lettered ones) its
+// handler's context, child of ctx, and records them in r.inflight: once
+// per claim, under one lock, rather than once per message from each
+// handler goroutine.
+func (r *Relay) register(ctx context.Context, claimed []Claimed) []job {
+	if len(claimed) == 0 {
+		return nil
+	}
+	batch := make([]job, len(claimed))
+	now := time.Now()
+	r.inflightMu.Lock()
+	defer r.inflightMu.Unlock()
+	for i := range claimed {
+		c := &claimed[i]
+		batch[i].c = c
+		if c.Dead {
+			continue
+		}
+		batch[i].ctx, batch[i].cancel = context.WithCancel(ctx)
+		r.inflight[Fence{c.ID, c.Attempts}] = inflight{claimed: now, cancel: batch[i].cancel}
+		if r.handlersCancelled {
+			batch[i].cancel()
+		}
+	}
+	return batch
+}
+
+// slots counts a relay's running handlers.
+type slots struct {
+	running  atomic.Int64
+	freed    chan struct{} // signalled when running falls to signalAt
+	signalAt int64
+}
+
+func (r *Relay) workOne(j *job, workers *sync.WaitGroup, sl *slots) {
 	defer workers.Done()
-	r.deliver(ctx, c)
-	running.Add(-1)
-	select {
-	case freed <- struct{}{}:
-	default:
+	r.deliver(j)
+	if sl.running.Add(-1) == sl.signalAt {
+		select {
+		case sl.freed <- struct{}{}:
+		default:
+		}
 	}
 }
 
 // deliver runs the handler of one claimed message and queues its outcome.
-func (r *Relay) deliver(ctx context.Context, c *Claimed) {
+func (r *Relay) deliver(j *job) {
+	c, hctx := j.c, j.ctx
 	h := r.handlers[c.Topic]
-	hctx, cancel := context.WithCancel(ctx)
-	key := Fence{c.ID, c.Attempts}
-	r.inflightMu.Lock()
-	r.inflight[key] = inflight{claimed: time.Now(), cancel: cancel}
-	if r.handlersCancelled {
-		cancel()
-	}
-	r.inflightMu.Unlock()
 	defer func() {
-		cancel()
+		j.cancel()
 		r.inflightMu.Lock()
-		delete(r.inflight, key)
+		delete(r.inflight, Fence{c.ID, c.Attempts})
 		r.inflightMu.Unlock()
 	}()
 

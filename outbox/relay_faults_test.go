@@ -233,3 +233,65 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		t.Errorf("attempts %v, want [1 2]", a)
 	}
 }
+
+// slowClaimDB delays each claim statement by delay, or until its context
+// ends, before sending it.
+type slowClaimDB struct {
+	outbox.DB
+	delay time.Duration
+}
+
+func (s slowClaimDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+	if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return s.DB.QueryDB(ctx, q, args...)
+}
+
+// TestShutdownLetsClaimFinish: a claim in flight when Run's context ends
+// completes and its messages are handled and settled before Run returns
+// (instead of the claim being cancelled mid-statement); a claim that cannot
+// finish within a second is cancelled, so Run still returns promptly.
+func TestShutdownLetsClaimFinish(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		delay  time.Duration
+		handed int
+	}{{"finishes", 300 * time.Millisecond, 5}, {"frozen", time.Minute, 0}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, outbox.Config{})
+			publishN(t, e, pool(t), 5, outbox.Message{Topic: "t"})
+			r, err := e.ob.Relay(slowClaimDB{pgxtx.Pool(pool(t)), c.delay}, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.NotifyOff, ShutdownGrace: 5 * time.Second}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := newRecorder()
+			r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			time.Sleep(100 * time.Millisecond) // the first claim is on its way
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return within 10s of its context ending")
+			}
+			if got := rec.count(); got != c.handed {
+				t.Errorf("%d messages handled, want %d", got, c.handed)
+			}
+			if left := count(t, e.table, ""); left != 5-c.handed {
+				t.Errorf("%d rows left, want %d: the claimed messages' outcomes were not written", left, 5-c.handed)
+			}
+		})
+	}
+}
