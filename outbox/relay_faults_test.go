@@ -238,11 +238,16 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 // ends, before sending it.
 type slowClaimDB struct {
 	outbox.DB
-	delay time.Duration
+	delay   time.Duration
+	claimed chan struct{} // receives a value as each claim begins, if there is room
 }
 
 func (s slowClaimDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
 	if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
+		select {
+		case s.claimed <- struct{}{}:
+		default:
+		}
 		select {
 		case <-time.After(s.delay):
 		case <-ctx.Done():
@@ -267,7 +272,8 @@ func TestShutdownLetsClaimFinish(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, outbox.Config{})
 			publishN(t, e, pool(t), 5, outbox.Message{Topic: "t"})
-			r, err := e.ob.Relay(slowClaimDB{pgxtx.Pool(pool(t)), c.delay}, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.NotifyOff, ShutdownGrace: 5 * time.Second}))
+			began := make(chan struct{}, 1)
+			r, err := e.ob.Relay(slowClaimDB{pgxtx.Pool(pool(t)), c.delay, began}, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.NotifyOff, ShutdownGrace: 5 * time.Second}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -276,7 +282,8 @@ func TestShutdownLetsClaimFinish(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- r.Run(ctx) }()
-			time.Sleep(100 * time.Millisecond) // the first claim is on its way
+			<-began // the first claim is on its way
+			time.Sleep(50 * time.Millisecond)
 			cancel()
 			select {
 			case err := <-done:
