@@ -114,6 +114,9 @@ func main() {
 	if *only == "cost" {
 		cost(ctx, pool)
 	}
+	if *only == "vacuum" {
+		vacuumBench(ctx, pool)
+	}
 	if *only == "variants" {
 		variants(ctx, pool)
 	}
