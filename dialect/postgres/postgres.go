@@ -28,10 +28,11 @@ const MaxParams = 65535
 const paramsPerRow = 7
 
 // Dialect returns the PostgreSQL dialect.
-func Dialect() outbox.Dialect { return &dialect{insert: newInsert()} }
+func Dialect() outbox.Dialect { return &dialect{insert: newInsert(), texts: newTexts()} }
 
 type dialect struct {
 	insert *sqlbuild.Insert
+	texts  relayTexts
 }
 
 func (*dialect) Name() string { return "postgres" }

@@ -112,11 +112,41 @@ claimed AS (
     RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.state, o.created_at)`
 }
 
-func (*dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
-	q := ClaimSQL(t)
+// relayTexts caches the relay's statements per table (built once, not on
+// every claim, settle and renewal).
+type relayTexts struct {
+	claim  *sqlbuild.Texts[string]
+	settle *sqlbuild.Texts[settleTexts]
+	renew  *sqlbuild.Texts[string]
+}
+
+// settleTexts are ClaimSettleSQL's two forms and SettleSQL's statements.
+type settleTexts struct {
+	claimDelete, claimKeep                                 string
+	deleteDone, markDelivered, retry, markDead, deleteDead string
+}
+
+func newTexts() relayTexts {
+	return relayTexts{
+		claim: sqlbuild.NewTexts(ClaimSQL),
+		settle: sqlbuild.NewTexts(func(t outbox.Table) settleTexts {
+			st := settleTexts{claimDelete: ClaimSettleSQL(t, false), claimKeep: ClaimSettleSQL(t, true)}
+			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
+			return st
+		}),
+		renew: sqlbuild.NewTexts(RenewSQL),
+	}
+}
+
+func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+	q := d.texts.claim.Get(t)
 	args := []any{textArray(p.Topics), p.Limit, p.Lease.Seconds(), p.MaxAttempts}
 	if len(p.Done) > 0 {
-		q = ClaimSettleSQL(t, p.KeepDelivered)
+		st := d.texts.settle.Get(t)
+		q = st.claimDelete
+		if p.KeepDelivered {
+			q = st.claimKeep
+		}
 		ids, attempts := fenceArrays(p.Done)
 		args = append(args, ids, attempts)
 	}
@@ -223,9 +253,10 @@ FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fe
 	return
 }
 
-func (*dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
 	done, retry, dead := sqlbuild.ByKind(s)
-	deleteDone, markDelivered, retrySQL, markDead, deleteDead := SettleSQL(t)
+	st := d.texts.settle.Get(t)
+	deleteDone, markDelivered, retrySQL, markDead, deleteDead := st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead
 	var applied []outbox.Fence
 	run := func(xs []outbox.Settlement, q string, extra ...func(x *outbox.Settlement) (string, bool)) error {
 		if len(xs) == 0 {
@@ -277,9 +308,9 @@ func RenewSQL(t outbox.Table) string {
 FROM unnest($1::uuid[], $2::integer[]) AS v(id, attempts)` + fenceJoin + fenceReturning
 }
 
-func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
+func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
 	ids, attempts := fenceArrays(held)
-	return sqlbuild.Fences(ctx, db, RenewSQL(t), ids, attempts, lease.Seconds())
+	return sqlbuild.Fences(ctx, db, d.texts.renew.Get(t), ids, attempts, lease.Seconds())
 }
 
 // count runs a statement returning one integer.

@@ -67,6 +67,30 @@ func jsonText(v any) string {
 // Claim settles p.Done, then claims, as two statements: on SQLite a commit
 // is cheap (WAL), and each statement takes the write lock on its own, so
 // there is nothing to gain from one transaction for both.
+// relayTexts caches the relay's statements per table (built once, not on
+// every claim, settle and renewal).
+type relayTexts struct {
+	claim  *sqlbuild.Texts[string]
+	settle *sqlbuild.Texts[settleTexts]
+	renew  *sqlbuild.Texts[string]
+}
+
+// settleTexts are SettleSQL's statements.
+type settleTexts struct {
+	deleteDone, markDelivered, retry, markDead, deleteDead string
+}
+
+func newTexts() relayTexts {
+	return relayTexts{
+		claim: sqlbuild.NewTexts(ClaimSQL),
+		settle: sqlbuild.NewTexts(func(t outbox.Table) (st settleTexts) {
+			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
+			return st
+		}),
+		renew: sqlbuild.NewTexts(RenewSQL),
+	}
+}
+
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
 	db = prepared(db)
 	var done []outbox.Fence
@@ -77,12 +101,12 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 			return nil, nil, err
 		}
 	}
-	claimed, err := claim(ctx, db, t, p)
+	claimed, err := d.claim(ctx, db, t, p)
 	return claimed, done, err
 }
 
-func claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	rows, err := db.QueryDB(ctx, ClaimSQL(t), jsonText(p.Topics), p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
+func (d *dialect) claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	rows, err := db.QueryDB(ctx, d.texts.claim.Get(t), jsonText(p.Topics), p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
 	if err != nil {
 		return nil, err
 	}
@@ -147,15 +171,21 @@ FROM ` + values + fence
 }
 
 func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, kind outbox.SettleKind, s []outbox.Settlement) ([]outbox.Fence, error) {
-	deleteDone, markDelivered, retry, markDead, deleteDead := SettleSQL(t)
-	q := map[outbox.SettleKind]string{outbox.SettleDone: deleteDone, outbox.SettleRetry: retry, outbox.SettleDead: markDead}[kind]
-	if kind == outbox.SettleDone && p.KeepDelivered {
-		q = markDelivered
+	st := d.texts.settle.Get(t)
+	var q string
+	switch {
+	case kind == outbox.SettleDone && p.KeepDelivered:
+		q = st.markDelivered
+	case kind == outbox.SettleDone:
+		q = st.deleteDone
+	case kind == outbox.SettleRetry:
+		q = st.retry
+	case p.DiscardDead:
+		q = st.deleteDead
+	default:
+		q = st.markDead
 	}
-	if kind == outbox.SettleDead && p.DiscardDead {
-		q = deleteDead
-	}
-	if q != deleteDone && q != deleteDead {
+	if q != st.deleteDone && q != st.deleteDead {
 		return sqlbuild.Fences(ctx, db, q, settleRows(s))
 	}
 	var applied []outbox.Fence
@@ -212,8 +242,8 @@ func RenewSQL(t outbox.Table) string {
 		` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
 }
 
-func (*dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return sqlbuild.Fences(ctx, prepared(db), RenewSQL(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
+func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
+	return sqlbuild.Fences(ctx, prepared(db), d.texts.renew.Get(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
 }
 
 // count runs a statement and counts the rows it returns.

@@ -62,11 +62,12 @@ func Dialect() outbox.Dialect {
 		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore.UnixMilli() },
 		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
 		Returning:    ` RETURNING id`,
-	}}
+	}, texts: newTexts()}
 }
 
 type dialect struct {
 	insert *sqlbuild.Insert
+	texts  relayTexts
 }
 
 func (*dialect) Name() string { return "sqlite" }
