@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -86,17 +85,18 @@ type Config struct {
 // Outbox publishes messages into the outbox table inside the caller's
 // transactions. Build it once with [New]; it is safe for concurrent use.
 type Outbox struct {
-	d      Dialect
-	caps   Capabilities
-	table  Table
-	notify bool
-	cfg    Config
+	d     Dialect
+	caps  Capabilities
+	table Table
+	cfg   Config
+	// wakeLoud is the notification a notifying publish sends (Send is
+	// false when the Outbox never notifies).
+	wakeLoud Wake
 
 	// With NotifyInterval: when the last notifying publish began, in
 	// nanoseconds since epoch (monotonic).
 	epoch      time.Time
 	lastNotify atomic.Int64
-	wakeLoud   Wake // the notification a publish sends
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -165,12 +165,12 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	if cfg.NotifyInterval < 0 {
 		return nil, &ConfigError{"NotifyInterval", "must not be negative"}
 	}
-	o := &Outbox{d: d, caps: caps, table: table, notify: notify, cfg: cfg, epoch: time.Now()}
-	o.lastNotify.Store(math.MinInt64)
+	o := &Outbox{d: d, caps: caps, table: table, cfg: cfg, epoch: time.Now()}
+	o.lastNotify.Store(-int64(cfg.NotifyInterval)) // the first publish notifies
 	if notify {
 		o.wakeLoud.Send = true
 		if cfg.NotifyInterval > 0 {
-			o.wakeLoud.Payload = strconv.FormatInt(max(1, cfg.NotifyInterval.Microseconds()), 10)
+			o.wakeLoud.Payload = wakePayload(cfg.NotifyInterval)
 		}
 	}
 	return o, nil
@@ -185,7 +185,7 @@ func (o *Outbox) wake() Wake {
 	}
 	now := int64(time.Since(o.epoch))
 	last := o.lastNotify.Load()
-	if last != math.MinInt64 && now-last < int64(o.cfg.NotifyInterval) {
+	if now-last < int64(o.cfg.NotifyInterval) {
 		return Wake{}
 	}
 	if !o.lastNotify.CompareAndSwap(last, now) {
@@ -201,7 +201,7 @@ func (o *Outbox) Table() Table { return o.table }
 func (o *Outbox) Dialect() Dialect { return o.d }
 
 // Notifies reports whether Publish sends a wake-up notification.
-func (o *Outbox) Notifies() bool { return o.notify }
+func (o *Outbox) Notifies() bool { return o.wakeLoud.Send }
 
 // Publish stores msg in the outbox table inside tx, the caller's open
 // transaction, with one statement (two on MySQL when msg has a DedupKey:

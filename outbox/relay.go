@@ -219,8 +219,8 @@ type Relay struct {
 
 	inflightMu sync.Mutex
 	inflight   map[Fence]inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
-	// handlersCancelled is set when the grace period is over: a handler
-	// that starts after that starts cancelled.
+	// handlersCancelled is set when the grace period is over: a message
+	// registered after that gets an already cancelled context.
 	handlersCancelled bool
 
 	wake chan struct{} // a notification, a freed slot, a reconnect
@@ -411,10 +411,8 @@ func (r *Relay) cancelHandlers() {
 // enough slots are free (see threshold), so a busy relay claims in batches
 // rather than one row per finished handler.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
-	// sl.running counts the handlers in flight.
 	sl := &slots{freed: make(chan struct{}, 1)}
-	running, freed := &sl.running, sl.freed
-	free := func() int { return r.cfg.Concurrency - int(running.Load()) }
+	free := func() int { return r.cfg.Concurrency - int(sl.running.Load()) }
 	// After a full claim, claim again once this many slots are free: a whole
 	// batch when the slots hold two batches (one runs while the next is
 	// claimed), else half of what fits.
@@ -442,7 +440,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			case <-poll.C:
 				resetTimer(poll, r.cfg.PollInterval)
 			case <-r.wake:
-			case <-freed:
+			case <-sl.freed:
 				if !full || free() < threshold {
 					continue
 				}
@@ -480,7 +478,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				}
 				continue
 			}
-			running.Add(1)
+			sl.running.Add(1)
 			workers.Add(1)
 			select {
 			case jobs <- j: // an idle handler goroutine takes it
@@ -631,8 +629,6 @@ func wrapCtx(ctx context.Context, err error) error {
 	return err
 }
 
-// work is a handler slot: it delivers c, then frees the slot. (Started as
-// go r.work(...), with no closure to allocate.)
 // workerIdle is how long a relay dispatches nothing before its idle
 // handler goroutines exit.
 const workerIdle = 5 * time.Second
