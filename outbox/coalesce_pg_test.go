@@ -101,7 +101,7 @@ func TestNotifyIntervalFollowUp(t *testing.T) {
 	// The interval is long beside the few milliseconds between the
 	// notifying publish's delivery and the silent one's commit, so a
 	// loaded machine does not make the follow-up claim come too early.
-	e := newEnv(t, outbox.Config{NotifyInterval: time.Second})
+	e := newEnv(t, outbox.Config{NotifyInterval: 2 * time.Second})
 	r := newRelay(t, e, outbox.RelayConfig{PollInterval: time.Minute})
 	rec := newRecorder()
 	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error { rec.add(d); return nil })
@@ -134,7 +134,7 @@ func TestNotifyIntervalFollowUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 5*time.Second, "the silent publish delivered by the follow-up claim (the poll is a minute away)", func() bool { return rec.count() == 2*round+2 })
-		time.Sleep(1100 * time.Millisecond) // past the interval: the next publish notifies
+		time.Sleep(2100 * time.Millisecond) // past the interval: the next publish notifies
 	}
 }
 

@@ -17,54 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
-
-// traceRecorder records claims and settles.
-type traceRecorder struct {
-	mu       sync.Mutex
-	claimed  map[outbox.Fence]int
-	claimErr []error
-	settled  []outbox.Settlement
-	applied  map[outbox.Fence]bool
-}
-
-func newTrace() *traceRecorder {
-	return &traceRecorder{claimed: map[outbox.Fence]int{}, applied: map[outbox.Fence]bool{}}
-}
-
-func (tr *traceRecorder) TraceClaim(_ context.Context, cs []outbox.Claimed, err error) {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	for _, c := range cs {
-		tr.claimed[outbox.Fence{ID: c.ID, Attempts: c.Attempts}]++
-	}
-	if err != nil {
-		tr.claimErr = append(tr.claimErr, err)
-	}
-}
-
-func (tr *traceRecorder) TraceSettle(_ context.Context, s []outbox.Settlement, applied []outbox.Fence, _ error) {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	tr.settled = append(tr.settled, s...)
-	for _, f := range applied {
-		tr.applied[f] = true
-	}
-}
-
-// settleOf returns whether a settle for f was written and whether it applied.
-func (tr *traceRecorder) settleOf(f outbox.Fence) (written, applied bool) {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	for _, s := range tr.settled {
-		if s.Fence == f {
-			written = true
-		}
-	}
-	return written, tr.applied[f]
-}
 
 // TestFencing: a handler outliving its lease (renewal off) is delivered
 // again once, and the stale relay's settle changes no row; with renewal on,
@@ -74,7 +30,7 @@ func TestFencing(t *testing.T) {
 		t.Run(fmt.Sprint("renew=", renew), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, outbox.Config{})
-			tr := newTrace()
+			tr := dialecttest.NewTrace()
 			r := newRelay(t, e, outbox.RelayConfig{Lease: time.Second, DisableLeaseRenewal: !renew, Concurrency: 4, Tracer: tr})
 			rec := newRecorder()
 			r.Handle("slow", func(ctx context.Context, d outbox.Delivery) error {
@@ -87,9 +43,9 @@ func TestFencing(t *testing.T) {
 			ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "slow"})
 			first := outbox.Fence{ID: ids[0], Attempts: 1}
 			start(t, r)
-			eventually(t, 15*time.Second, "first attempt settled", func() bool { w, _ := tr.settleOf(first); return w })
+			eventually(t, 15*time.Second, "first attempt settled", func() bool { w, _ := tr.SettleOf(first); return w })
 			eventually(t, 10*time.Second, "row gone", func() bool { return count(t, e.table, "") == 0 })
-			_, applied := tr.settleOf(first)
+			_, applied := tr.SettleOf(first)
 			a := rec.attempts(ids[0])
 			if renew {
 				if len(a) != 1 || !applied {
@@ -103,7 +59,7 @@ func TestFencing(t *testing.T) {
 			if applied {
 				t.Error("the stale relay's settle applied; it must change 0 rows")
 			}
-			if _, ok := tr.settleOf(outbox.Fence{ID: ids[0], Attempts: 2}); !ok {
+			if _, ok := tr.SettleOf(outbox.Fence{ID: ids[0], Attempts: 2}); !ok {
 				t.Error("the reclaiming delivery's settle did not apply")
 			}
 		})
@@ -211,7 +167,7 @@ func TestFourRelays(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	const n = 20000
 	publishN(t, e, pool(t), n, outbox.Message{Topic: "t", Payload: []byte(`{"k":1}`)})
-	tr := newTrace()
+	tr := dialecttest.NewTrace()
 	rec := newRecorder()
 	for range 4 {
 		r, err := e.ob.Relay(pgxtx.Pool(pgtest.Pool(t)), fast(t, outbox.RelayConfig{Tracer: tr, Concurrency: 64}))
@@ -222,21 +178,12 @@ func TestFourRelays(t *testing.T) {
 		start(t, r)
 	}
 	eventually(t, 120*time.Second, "all delivered and settled", func() bool { return count(t, e.table, "") == 0 })
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	for f, k := range tr.claimed {
-		if k != 1 {
-			t.Errorf("(%s, %d) claimed %d times", f.ID, f.Attempts, k)
-		}
-	}
-	if len(tr.claimed) != n || rec.count() != n {
-		t.Errorf("%d claims, %d deliveries, want %d each", len(tr.claimed), rec.count(), n)
+	if rec.count() != n {
+		t.Errorf("%d deliveries, want %d", rec.count(), n)
 	}
 	// No claim failed: in particular no deadlock between one relay's
 	// settle and another's claim (see postgres.ClaimSettleSQL).
-	for _, err := range tr.claimErr {
-		t.Errorf("claim failed: %v", err)
-	}
+	tr.CheckClaimedOnce(t, n, nil)
 }
 
 // TestClaimSettlesBeforeLocking: a claim that carries successes writes them
@@ -529,7 +476,7 @@ func TestFrozenClaim(t *testing.T) {
 	if err := p.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	tr := &timedTrace{traceRecorder: newTrace()}
+	tr := &timedTrace{Trace: dialecttest.NewTrace()}
 	db := &faultDB{inner: pgxtx.Pool(p), fail: func(q string) error {
 		if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 			tr.began.Store(time.Now().UnixNano())
@@ -559,9 +506,7 @@ func TestFrozenClaim(t *testing.T) {
 	if got := time.Duration(tr.firstFailAfter.Load()); got > 750*time.Millisecond {
 		t.Errorf("claim failed after %v, want at most 750ms", got)
 	}
-	tr.mu.Lock()
-	first := tr.claimErr[0]
-	tr.mu.Unlock()
+	first := tr.ClaimErrors()[0]
 	if !errors.Is(first, context.DeadlineExceeded) {
 		t.Errorf("claim error %v does not wrap context.DeadlineExceeded", first)
 	}
@@ -572,7 +517,7 @@ func TestFrozenClaim(t *testing.T) {
 
 // timedTrace measures how long a failed claim took.
 type timedTrace struct {
-	*traceRecorder
+	*dialecttest.Trace
 	began          atomic.Int64
 	failed         atomic.Int32
 	firstFailAfter atomic.Int64
@@ -582,7 +527,7 @@ func (tt *timedTrace) TraceClaim(ctx context.Context, cs []outbox.Claimed, err e
 	if err != nil && tt.failed.Add(1) == 1 {
 		tt.firstFailAfter.Store(time.Now().UnixNano() - tt.began.Load())
 	}
-	tt.traceRecorder.TraceClaim(ctx, cs, err)
+	tt.Trace.TraceClaim(ctx, cs, err)
 }
 
 // TestPoisonMessageKillsProcess: a message whose handler kills its relay

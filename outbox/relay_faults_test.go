@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/outbox"
 	"go.uber.org/goleak"
 )
@@ -199,7 +200,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		}
 		return nil
 	}}
-	tr := newTrace()
+	tr := dialecttest.NewTrace()
 	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, Tracer: tr, Listen: outbox.NotifyOff}))
 	if err != nil {
 		t.Fatal(err)
@@ -225,8 +226,8 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		t.Fatal("the first handler was not cancelled after its lease was lost")
 	}
 	first := outbox.Fence{ID: ids[0], Attempts: 1}
-	eventually(t, 5*time.Second, "the first outcome written", func() bool { w, _ := tr.settleOf(first); return w })
-	if _, applied := tr.settleOf(first); applied {
+	eventually(t, 5*time.Second, "the first outcome written", func() bool { w, _ := tr.SettleOf(first); return w })
+	if _, applied := tr.SettleOf(first); applied {
 		t.Error("the late outcome applied")
 	}
 	if a := rec.attempts(ids[0]); len(a) != 2 {

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"testing"
 
-	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/mysqltest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -72,19 +72,7 @@ func (e *env) begin(t testing.TB) *sql.Tx {
 // publish publishes msgs in a transaction of their own and returns the ids.
 func (e *env) publish(t testing.TB, msgs ...outbox.Message) []outbox.ID {
 	t.Helper()
-	tx := e.begin(t)
-	res, err := e.ob.PublishBatch(context.Background(), sqltx.From(tx), msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]outbox.ID, len(res))
-	for i, r := range res {
-		ids[i] = r.ID
-	}
-	return ids
+	return dialecttest.PublishCommit(t, e.begin(t), e.ob, msgs...)
 }
 
 var sqlTxReadOnly = sql.TxOptions{ReadOnly: true}

@@ -23,18 +23,7 @@ func publish(t *testing.T, db *sql.DB, ob *outbox.Outbox, msgs ...outbox.Message
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := ob.PublishBatch(context.Background(), sqltx.From(tx), msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]outbox.ID, len(res))
-	for i, r := range res {
-		ids[i] = r.ID
-	}
-	return ids
+	return dialecttest.PublishCommit(t, tx, ob, msgs...)
 }
 
 func runRelay(t *testing.T, r *outbox.Relay) func() {

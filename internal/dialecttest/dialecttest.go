@@ -6,6 +6,7 @@ package dialecttest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -533,5 +535,104 @@ func shutdownDrain(t *testing.T, e *env) {
 	stop()
 	if n := e.count(t, ""); n != 0 {
 		t.Errorf("%d messages left after a drained shutdown", n)
+	}
+}
+
+// PublishCommit publishes msgs with ob on tx, commits tx and returns the
+// messages' ids, failing the test on any error.
+func PublishCommit(t testing.TB, tx *sql.Tx, ob *outbox.Outbox, msgs ...outbox.Message) []outbox.ID {
+	t.Helper()
+	res, err := ob.PublishBatch(context.Background(), sqltx.From(tx), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]outbox.ID, len(res))
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// Trace is an outbox.Tracer that records every claim and settle: how many
+// times each (id, attempts) was claimed, the settlements written and the
+// fences they applied to, and the errors claims and settles returned.
+type Trace struct {
+	mu         sync.Mutex
+	claimed    map[outbox.Fence]int
+	settled    []outbox.Settlement
+	applied    map[outbox.Fence]bool
+	claimErrs  []error
+	settleErrs []error
+}
+
+// NewTrace returns an empty Trace.
+func NewTrace() *Trace {
+	return &Trace{claimed: map[outbox.Fence]int{}, applied: map[outbox.Fence]bool{}}
+}
+
+func (tr *Trace) TraceClaim(_ context.Context, cs []outbox.Claimed, err error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, c := range cs {
+		tr.claimed[outbox.Fence{ID: c.ID, Attempts: c.Attempts}]++
+	}
+	if err != nil {
+		tr.claimErrs = append(tr.claimErrs, err)
+	}
+}
+
+func (tr *Trace) TraceSettle(_ context.Context, s []outbox.Settlement, applied []outbox.Fence, err error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.settled = append(tr.settled, s...)
+	for _, f := range applied {
+		tr.applied[f] = true
+	}
+	if err != nil {
+		tr.settleErrs = append(tr.settleErrs, err)
+	}
+}
+
+// SettleOf returns whether a settle for f was written and whether it applied.
+func (tr *Trace) SettleOf(f outbox.Fence) (written, applied bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, s := range tr.settled {
+		if s.Fence == f {
+			written = true
+		}
+	}
+	return written, tr.applied[f]
+}
+
+// ClaimErrors returns the errors claims returned so far.
+func (tr *Trace) ClaimErrors() []error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]error(nil), tr.claimErrs...)
+}
+
+// CheckClaimedOnce fails t unless n distinct (id, attempts) pairs were
+// claimed, each exactly once, and no claim or settle returned an error that
+// ignore does not accept (ignore may be nil).
+func (tr *Trace) CheckClaimedOnce(t testing.TB, n int, ignore func(error) bool) {
+	t.Helper()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for f, k := range tr.claimed {
+		if k != 1 {
+			t.Errorf("(%s, %d) claimed %d times", f.ID, f.Attempts, k)
+		}
+	}
+	if len(tr.claimed) != n {
+		t.Errorf("%d (id, attempts) claimed, want %d", len(tr.claimed), n)
+	}
+	for _, err := range append(append([]error(nil), tr.claimErrs...), tr.settleErrs...) {
+		if ignore == nil || !ignore(err) {
+			t.Errorf("a claim or settle failed: %v", err)
+		}
 	}
 }
