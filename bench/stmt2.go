@@ -18,8 +18,8 @@ func variants(ctx context.Context, pool *pgxpool.Pool) {
 			ob := table(ctx, pool, "var")
 			fill(ctx, pool, ob, *n, "bench")
 			tbl := postgres.QuoteTable(ob.Table())
-			q := postgres.ClaimSQL(ob.Table())
-			args := []any{"{bench}", 100, 30.0, 10}
+			q := postgres.ClaimSQL(ob.Table(), 1)
+			args := []any{"bench", 100, 30.0, 10}
 			switch v {
 			case "raw":
 				q = `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = 'bench'

@@ -44,6 +44,10 @@ type system struct {
 	// without blocking, stop stops them once every outcome is written.
 	consume func(ctx context.Context, procs int, onMsg func(seq int64)) (start, stop func())
 	left    func(ctx context.Context) int // messages not yet delivered
+	table   string                        // oncommit's systems: the table, as in outbox.Config.Table
+	// topicIndex, when not "", is the table the skew scenario gives the
+	// optional topic claim index (postgres.TopicIndexSQL) for its run.
+	topicIndex string
 	// share divides the drain: a system this slow delivers n/share
 	// messages of the n-message backlog (its rate is per message delivered;
 	// the whole backlog would take minutes a round).
@@ -162,7 +166,7 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 		onc: oncommitSystem(ctx, "oncommit", "defaults: Config{} (NOTIFY on), RelayConfig{} (batch 100, 200 handler slots, LISTEN on), pgxpool default per relay",
 			outbox.Config{}, outbox.RelayConfig{}),
 		oncOff: oncommitSystem(ctx, "oncommit-notify-off", "Config{Notify: NotifyOff} (publish only)", outbox.Config{Notify: outbox.NotifyOff}, outbox.RelayConfig{}),
-		oncBest: oncommitSystem(ctx, "oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults')", *notifyEvery),
+		oncBest: oncommitSystem(ctx, "oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults'); skew: with the optional topic claim index (postgres.TopicIndexSQL), created for that scenario only", *notifyEvery),
 			outbox.Config{NotifyInterval: *notifyEvery}, outbox.RelayConfig{}),
 		riv: riverSystem(ctx, "river", "defaults: MaxWorkers 100 (River requires a value; its examples use 100), FetchCooldown 100ms, FetchPollInterval 1s, pgxpool default per client; publish InsertTx / InsertManyFastTx (COPY); drains n/10 of the backlog",
 			riverConfig{maxWorkers: 100}),
@@ -174,6 +178,7 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 			gueConfig{workers: 16, poll: 10 * time.Millisecond, poolConns: 20, runAt: true}),
 	}
 	ss.riv.share, ss.gu.share = 10, 10
+	ss.oncBest.topicIndex = ss.oncBest.table
 	return ss
 }
 
@@ -189,6 +194,7 @@ func oncommitSystem(ctx context.Context, name, settings string, cfg outbox.Confi
 	check(err)
 	tbl := postgres.QuoteTable(ob.Table())
 	s := &system{name: name, settings: settings, pool: pool}
+	s.table = cfg.Table
 	s.reset = func(ctx context.Context) { mustExec(ctx, pool, `TRUNCATE `+tbl) }
 	s.publish = func(ctx context.Context, tx pgx.Tx, k int, seq int64) error {
 		p := payload(seq)

@@ -28,8 +28,8 @@ func vacuumBench(ctx context.Context, pool *pgxpool.Pool) {
 			tx, err := pool.Begin(ctx)
 			check(err)
 			var plan []byte
-			check(tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+postgres.ClaimSQL(ob.Table()),
-				`{bench}`, 100, 30.0, 25).Scan(&plan))
+			check(tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+postgres.ClaimSQL(ob.Table(), 1),
+				"bench", 100, 30.0, 25).Scan(&plan))
 			check(tx.Rollback(ctx))
 			var out []struct {
 				Plan          map[string]any `json:"Plan"`

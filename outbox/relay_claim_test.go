@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -254,30 +255,21 @@ func TestPlansUseIndexes(t *testing.T) {
 	if _, err := admin.Exec(`ANALYZE ` + e.table); err != nil {
 		t.Fatal(err)
 	}
-	explain := func(q string, args ...any) string {
-		rows, err := admin.Query(`EXPLAIN `+q, args...)
-		if err != nil {
-			t.Fatalf("explain: %v\n%s", err, q)
-		}
-		defer rows.Close()
-		var b strings.Builder
-		for rows.Next() {
-			var line string
-			rows.Scan(&line)
-			b.WriteString(line + "\n")
-		}
-		return b.String()
-	}
+	explain := func(q string, args ...any) string { return explainPlan(t, q, args...) }
 	id := outbox.NewID().String()
 	deleteDone, _, retry, markDead, _ := postgres.SettleSQL(e.ob.Table())
 	for name, plan := range map[string]string{
-		"claim":        explain(postgres.ClaimSQL(e.ob.Table()), `{"t1"}`, 100, 30.0, 10),
-		"claim+settle": explain(postgres.ClaimSettleSQL(e.ob.Table(), false), `{"t1"}`, 100, 30.0, 10, "{"+id+"}", "{1}"),
-		"settle":       explain(deleteDone, "{"+id+"}", "{1}"),
-		"retry":        explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
-		"dead":         explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
-		"renew":        explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
-		"purge":        explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
+		"claim":             explain(postgres.ClaimSQL(e.ob.Table(), 2), `{"t1","t2"}`, 100, 30.0, 10),
+		"claim+settle":      explain(postgres.ClaimSettleSQL(e.ob.Table(), 2, false), `{"t1","t2"}`, 100, 30.0, 10, "{"+id+"}", "{1}"),
+		"claim one":         explain(postgres.ClaimSQL(e.ob.Table(), 1), "t1", 100, 30.0, 10),
+		"claim+settle one":  explain(postgres.ClaimSettleSQL(e.ob.Table(), 1, false), "t1", 100, 30.0, 10, "{"+id+"}", "{1}"),
+		"settle":            explain(deleteDone, "{"+id+"}", "{1}"),
+		"retry":             explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
+		"dead":              explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
+		"renew":             explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
+		"purge":             explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
+		"generic claim":     genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 2, false), `'{t1,t2}', 100, 30, 10, '{`+id+`}', '{1}'`),
+		"generic claim one": genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 1, false), `'t1', 100, 30, 10, '{`+id+`}', '{1}'`),
 	} {
 		if strings.Contains(plan, "Seq Scan on outbox") {
 			t.Errorf("%s plan scans the table:\n%s", name, plan)
@@ -285,42 +277,130 @@ func TestPlansUseIndexes(t *testing.T) {
 		if !strings.Contains(plan, "Index") {
 			t.Errorf("%s plan uses no index:\n%s", name, plan)
 		}
-		if strings.HasPrefix(name, "claim") && !strings.Contains(plan, "Tid Scan") {
-			t.Errorf("%s plan does not update the locked rows by TID:\n%s", name, plan)
+		if strings.Contains(name, "claim") {
+			// The due rows come from an index in claim order: a Sort
+			// would read (and lock) every due row of the topics first.
+			if !strings.Contains(plan, "Tid Scan") || strings.Contains(plan, "Sort") {
+				t.Errorf("%s plan does not lock the due rows in index order and update them by TID:\n%s", name, plan)
+			}
+		}
+		if strings.HasPrefix(name, "generic") && !strings.Contains(plan, "$1") {
+			t.Errorf("%s plan is not generic:\n%s", name, plan)
 		}
 		t.Logf("%s:\n%s", name, plan)
 	}
-	// Under a generic plan, as pgx's cached statements get after five runs:
-	// a statement prepared on a connection of its own (EXPLAIN with
-	// parameters would plan with their values).
-	ctx := context.Background()
-	conn, err := pool(t).Acquire(ctx)
+}
+
+// planOf runs q (an EXPLAIN) on db and returns its output, a line a row.
+func planOf(t *testing.T, db interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, q string, args ...any) string {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), q, args...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("explain: %v\n%s", err, q)
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, `RESET plan_cache_mode`)
-	if _, err := conn.Exec(ctx, `PREPARE generic_claim (text, int, float8, int, text, text) AS `+postgres.ClaimSettleSQL(e.ob.Table(), false)); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, `DEALLOCATE generic_claim`)
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE generic_claim ('{t1}', 100, 30, 10, '{`+id+`}', '{1}')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan strings.Builder
+	defer rows.Close()
+	var b strings.Builder
 	for rows.Next() {
 		var line string
 		rows.Scan(&line)
-		plan.WriteString(line + "\n")
+		b.WriteString(line + "\n")
 	}
-	rows.Close()
-	p := plan.String()
-	if !strings.Contains(p, "$1") || strings.Contains(p, "Seq Scan on outbox") || !strings.Contains(p, "Tid Scan") || !strings.Contains(p, "claim_idx") {
-		t.Errorf("generic claim plan:\n%s", p)
+	return b.String()
+}
+
+// explainPlan returns the plan of EXPLAIN q, planned with the values of
+// args.
+func explainPlan(t *testing.T, q string, args ...any) string {
+	return planOf(t, pgtest.Admin(t), `EXPLAIN `+q, args...)
+}
+
+// genericPlan returns the plan a prepared claim statement q (ClaimSQL's
+// parameters, then the fences of ClaimSettleSQL) gets under a generic
+// plan, as pgx's cached statements may after five runs: prepared on a
+// connection of its own (EXPLAIN with parameters would plan with their
+// values). args are the EXECUTE arguments, as SQL.
+func genericPlan(t *testing.T, q, args string) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgtest.Admin(t).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// $1 is text in both forms: the topic, or a text[] literal.
+	for _, q := range []string{`SET plan_cache_mode = force_generic_plan`, `PREPARE generic_claim (text, int, float8, int, text, text) AS ` + q} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer conn.ExecContext(ctx, `RESET plan_cache_mode`)
+	defer conn.ExecContext(ctx, `DEALLOCATE generic_claim`)
+	return planOf(t, conn, `EXPLAIN EXECUTE generic_claim (`+args+`)`)
+}
+
+// TestClaimOfOneTopicSkipsOtherTopics: 50 due rows of one topic behind
+// 200,000 older due rows of another. With the optional topic claim index
+// (postgres.TopicIndexSQL), a relay of that one topic claims them through
+// it and never reads the other topic's rows (the claim index alone walks
+// all 200,000); a claim of several topics keeps the claim index and its
+// order across topics.
+func TestClaimOfOneTopicSkipsOtherTopics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	admin := pgtest.Admin(t)
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, available_at)
+		SELECT gen_random_uuid(), CASE WHEN g <= 200000 THEN 'other' ELSE 'mine' END, now() - make_interval(secs => 300000 - g)
+		FROM generate_series(1, 200050) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.TopicIndexSQL("bad table;"); err == nil {
+		t.Error("TopicIndexSQL took a bad table name")
+	}
+	create, err := postgres.TopicIndexSQL(e.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{create, create, `ANALYZE ` + e.table} { // IF NOT EXISTS: twice is fine
+		if _, err := admin.Exec(q); err != nil {
+			t.Fatalf("%v\n%s", err, q)
+		}
+	}
+	topicIdx := e.ob.Table().Name + "_topic_claim_idx"
+	for name, plan := range map[string]string{
+		"custom":  explainPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 1, false), "mine", 100, 30.0, 10, "{}", "{}"),
+		"generic": genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 1, false), `'mine', 100, 30, 10, '{}', '{}'`),
+	} {
+		if !strings.Contains(plan, topicIdx) || strings.Contains(plan, "Sort") {
+			t.Errorf("%s plan of a one-topic claim does not read the topic's rows in order from %s:\n%s", name, topicIdx, plan)
+		}
+	}
+	// Two topics keep the claim index's order under a generic plan: the
+	// topic index would have to sort every due row of both.
+	if plan := genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 2, false), `'{mine,other}', 100, 30, 10, '{}', '{}'`); strings.Contains(plan, topicIdx) || strings.Contains(plan, "Sort") {
+		t.Errorf("generic plan of a two-topic claim:\n%s", plan)
+	}
+	// What the claim reads, run: the topic's rows, none filtered out.
+	tx, err := admin.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := planOf(t, tx, `EXPLAIN (ANALYZE) `+postgres.ClaimSQL(e.ob.Table(), 1), "mine", 100, 30.0, 10)
+	tx.Rollback()
+	if strings.Contains(plan, "Rows Removed by Filter") || !strings.Contains(plan, "rows=50 loops=1") {
+		t.Errorf("one-topic claim, run:\n%s", plan)
+	}
+	// And it claims them all.
+	d := postgres.Dialect().(outbox.RelayDialect)
+	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outbox.ClaimParams{Topics: []string{"mine"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5})
+	if err != nil || len(cs) != 50 {
+		t.Fatalf("claim: %d rows, %v", len(cs), err)
+	}
+	for _, c := range cs {
+		if c.Topic != "mine" {
+			t.Fatalf("claimed %+v", c)
+		}
 	}
 }
 

@@ -32,9 +32,14 @@ func textArray(ss []string) string {
 // another relay had just committed) is not visible to the TID scan, and the
 // row is simply not claimed this time.
 //
-// $1 topics (text[] literal), $2 limit, $3 lease in seconds, $4 max attempts.
-func ClaimSQL(t outbox.Table) string {
-	return claimCTE(t, "") + `
+// $1 the topics, $2 limit, $3 lease in seconds, $4 max attempts. topics
+// is how many topics the claim takes: with one, $1 is the topic itself, an
+// equality the topic claim index (topic, available_at, id) serves in
+// order, so due rows of other topics are never read; with more, $1 is a
+// text[] literal and the claim index (available_at, id) serves the scan in
+// the claim's order across the topics.
+func ClaimSQL(t outbox.Table, topics int) string {
+	return claimCTE(t, "", topics) + `
 SELECT ` + claimedColumns + ` FROM claimed`
 }
 
@@ -58,13 +63,13 @@ const (
 // SettleSQL, and returned as rows of kind rowSettled. The claim's UPDATE
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
-func ClaimSettleSQL(t outbox.Table, keep bool) string {
+func ClaimSettleSQL(t outbox.Table, topics int, keep bool) string {
 	tbl := QuoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`) + `
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
 SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
@@ -85,9 +90,13 @@ SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `,
 // drains: PostgreSQL broke the cycle after deadlock_timeout); with every
 // settle ahead of every lock, a statement that waits holds no lock another
 // settle needs.
-func claimCTE(t outbox.Table, done string) string {
+func claimCTE(t outbox.Table, done string, topics int) string {
 	tbl := QuoteTable(t)
 	with, after, skip := `WITH `, "", ""
+	topic := `topic = ANY($1::text[])`
+	if topics == 1 {
+		topic = `topic = $1`
+	}
 	if done != "" {
 		with = `WITH done AS (` + done + `),
 `
@@ -97,7 +106,7 @@ func claimCTE(t outbox.Table, done string) string {
 	}
 	return with + `due AS MATERIALIZED (
     SELECT ctid FROM ` + tbl + `
-    WHERE state IN ('pending', 'processing') AND available_at <= now() AND topic = ANY($1::text[])` + after + `
+    WHERE state IN ('pending', 'processing') AND available_at <= now() AND ` + topic + after + `
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
@@ -115,22 +124,43 @@ claimed AS (
 // relayTexts caches the relay's statements per table (built once, not on
 // every claim, settle and renewal).
 type relayTexts struct {
-	claim  *sqlbuild.Texts[string]
+	claim  *sqlbuild.Texts[claimTexts]
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
 }
 
-// settleTexts are ClaimSettleSQL's two forms and SettleSQL's statements.
+// claimTexts are a claim's statements, indexed by topicForm: ClaimSQL,
+// and ClaimSettleSQL deleting or keeping the successes.
+type claimTexts struct {
+	claim, claimDelete, claimKeep [2]string
+}
+
+// topicForm is 0 for a claim of one topic, 1 for several.
+func topicForm(topics []string) int {
+	if len(topics) == 1 {
+		return 0
+	}
+	return 1
+}
+
+// settleTexts are SettleSQL's statements.
 type settleTexts struct {
-	claimDelete, claimKeep                                 string
 	deleteDone, markDelivered, retry, markDead, deleteDead string
 }
 
 func newTexts() relayTexts {
 	return relayTexts{
-		claim: sqlbuild.NewTexts(ClaimSQL),
+		claim: sqlbuild.NewTexts(func(t outbox.Table) claimTexts {
+			var c claimTexts
+			for form, topics := range []int{1, 2} {
+				c.claim[form] = ClaimSQL(t, topics)
+				c.claimDelete[form] = ClaimSettleSQL(t, topics, false)
+				c.claimKeep[form] = ClaimSettleSQL(t, topics, true)
+			}
+			return c
+		}),
 		settle: sqlbuild.NewTexts(func(t outbox.Table) settleTexts {
-			st := settleTexts{claimDelete: ClaimSettleSQL(t, false), claimKeep: ClaimSettleSQL(t, true)}
+			var st settleTexts
 			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
 			return st
 		}),
@@ -139,13 +169,17 @@ func newTexts() relayTexts {
 }
 
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
-	q := d.texts.claim.Get(t)
-	args := []any{textArray(p.Topics), p.Limit, p.Lease.Seconds(), p.MaxAttempts}
+	ct, form := d.texts.claim.Get(t), topicForm(p.Topics)
+	q := ct.claim[form]
+	var topics any = textArray(p.Topics)
+	if form == 0 {
+		topics = p.Topics[0]
+	}
+	args := []any{topics, p.Limit, p.Lease.Seconds(), p.MaxAttempts}
 	if len(p.Done) > 0 {
-		st := d.texts.settle.Get(t)
-		q = st.claimDelete
+		q = ct.claimDelete[form]
 		if p.KeepDelivered {
-			q = st.claimKeep
+			q = ct.claimKeep[form]
 		}
 		ids, attempts := fenceArrays(p.Done)
 		args = append(args, ids, attempts)

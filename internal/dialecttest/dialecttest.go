@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,7 @@ func Run(t *testing.T, h Harness) {
 		{"Dedup", dedup},
 		{"Delay", delay},
 		{"ClaimLimitsAndDisjointness", claimLimits},
+		{"ClaimTakesOnlyItsTopics", claimTopics},
 		{"LeaseReclaim", leaseReclaim},
 		{"Fencing", fencing},
 		{"FencingMixedBatch", fencingMixedBatch},
@@ -278,6 +280,35 @@ func claimLimits(t *testing.T, e *env) {
 	wg.Wait()
 	if len(seen) != n {
 		t.Errorf("%d claimed, want %d", len(seen), n)
+	}
+}
+
+// claimTopics: a claim of one topic, and one of two, take exactly their
+// topics' due messages (dialects may build the two forms differently) and
+// leave the others untouched.
+func claimTopics(t *testing.T, e *env) {
+	var msgs []outbox.Message
+	for i := range 12 {
+		msgs = append(msgs, outbox.Message{Topic: []string{"a", "b", "c", "d"}[i%4]})
+	}
+	res := e.publish(t, msgs...)
+	topicOf := map[outbox.ID]string{}
+	for i, r := range res {
+		topicOf[r.ID] = msgs[i].Topic
+	}
+	for _, topics := range [][]string{{"a"}, {"b", "c"}} {
+		cs := claim(t, e, outbox.ClaimParams{Topics: topics, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+		if len(cs) != 3*len(topics) {
+			t.Errorf("claim of %v took %d messages, want %d", topics, len(cs), 3*len(topics))
+		}
+		for _, c := range cs {
+			if !slices.Contains(topics, c.Topic) || topicOf[c.ID] != c.Topic {
+				t.Errorf("claim of %v took %s of topic %q", topics, c.ID, c.Topic)
+			}
+		}
+	}
+	if n := e.count(t, "topic = 'd' AND state = 'pending' AND attempts = 0"); n != 3 {
+		t.Errorf("%d of the 3 messages of the unclaimed topic untouched", n)
 	}
 }
 
