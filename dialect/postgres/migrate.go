@@ -63,11 +63,11 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 // A relay that takes one topic (one Handle) claims with topic = $1, which
 // this index serves in claim order: it never reads the due rows of other
 // topics, however many there are (50 due rows behind 200,000 of another
-// topic: 4-5 ms against 26 ms for the whole drain in the bench's skew
+// topic: 5.4 ms against 32.6 ms to deliver them in the bench's skew
 // scenario). Without it the claim index (available_at, id) walks them.
 // Migrate does not create it: every publish and claim writes one more
-// index entry, which cost 7-13% of publish and drain throughput in the
-// bench. Create it when relays take subsets of a table's topics and one
+// index entry, which cost 5-16% of publish and drain throughput in the
+// bench (docs/benchmarks.md). Create it when relays take subsets of a table's topics and one
 // topic can pile up ahead of the others. CONCURRENTLY does not block
 // publishes, and cannot run inside a transaction: run the statement on its
 // own (db.ExecContext), or drop CONCURRENTLY in a migration tool that wraps
