@@ -30,7 +30,7 @@ func variants(ctx context.Context, pool *pgxpool.Pool) {
 			case "ours-ids-only":
 				q = q[:strings.LastIndex(q, "SELECT")] + "SELECT id::text FROM claimed"
 			case "ours-no-case":
-				q = `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = ANY($1::text[])
+				q = `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = $1
 		ORDER BY available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)
 		UPDATE ` + tbl + ` AS o SET state = 'processing', attempts = o.attempts + 1, available_at = now() + make_interval(secs => $3::float8)
 		WHERE o.id = ANY (ARRAY(SELECT id FROM due)) AND $4::int > 0 RETURNING o.id::text, o.topic, o.message_key, o.payload::text, o.headers::text, o.attempts, o.state, o.created_at`

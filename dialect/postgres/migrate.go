@@ -67,11 +67,20 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 // scenario). Without it the claim index (available_at, id) walks them.
 // Migrate does not create it: every publish and claim writes one more
 // index entry, which cost 5-16% of publish and drain throughput in the
-// bench (docs/benchmarks.md). Create it when relays take subsets of a table's topics and one
-// topic can pile up ahead of the others. CONCURRENTLY does not block
-// publishes, and cannot run inside a transaction: run the statement on its
-// own (db.ExecContext), or drop CONCURRENTLY in a migration tool that wraps
-// each file in a transaction.
+// bench (docs/benchmarks.md). Create it when relays take subsets of a
+// table's topics and one topic can pile up ahead of the others. Claims of
+// several topics never use it.
+//
+// CONCURRENTLY does not block publishes, and cannot run inside a
+// transaction: run the statement on its own (db.ExecContext). In a
+// migration tool that wraps each file in a transaction, drop CONCURRENTLY,
+// and publishes wait while the index builds. A concurrent build that fails
+// or is cancelled leaves an invalid index, which IF NOT EXISTS then keeps
+// (it costs every write and serves no claim): check pg_index.indisvalid,
+// and DROP INDEX CONCURRENTLY it before running the statement again.
+//
+// A bad or too long table name (the index's name must fit PostgreSQL's 63
+// bytes) is a *outbox.ConfigError.
 func TopicIndexSQL(table string) (string, error) {
 	if table == "" {
 		table = outbox.DefaultTable
@@ -80,7 +89,13 @@ func TopicIndexSQL(table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	const suffix = "_topic_claim_idx"
+	if len(t.Name)+len(suffix) > 63 {
+		// PostgreSQL would cut the index's name to 63 bytes, and at 63 the
+		// cut name is the table's own: IF NOT EXISTS would create nothing.
+		return "", &outbox.ConfigError{Field: "Table", Reason: fmt.Sprintf("%q: the index name %q would pass PostgreSQL's 63 bytes", table, t.Name+suffix)}
+	}
 	// An index is created in its table's schema: its name is not qualified.
-	return `CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + t.Name + `_topic_claim_idx" ON ` + QuoteTable(t) +
+	return `CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + t.Name + suffix + `" ON ` + QuoteTable(t) +
 		` (topic, available_at, id) WHERE state IN ('pending', 'processing')`, nil
 }

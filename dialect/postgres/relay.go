@@ -37,7 +37,9 @@ func textArray(ss []string) string {
 // equality the topic claim index (topic, available_at, id) serves in
 // order, so due rows of other topics are never read; with more, $1 is a
 // text[] literal and the claim index (available_at, id) serves the scan in
-// the claim's order across the topics.
+// the claim's order across the topics (the topic is compared after a
+// concatenation with the empty string, which no index on topic serves,
+// whatever the statistics).
 func ClaimSQL(t outbox.Table, topics int) string {
 	return claimCTE(t, "", topics) + `
 SELECT ` + claimedColumns + ` FROM claimed`
@@ -93,7 +95,12 @@ SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `,
 func claimCTE(t outbox.Table, done string, topics int) string {
 	tbl := QuoteTable(t)
 	with, after, skip := `WITH `, "", ""
-	topic := `topic = ANY($1::text[])`
+	// topic || '' keeps the topic claim index out of a claim of several
+	// topics: it returns each topic's rows in their own order, and a plan
+	// that used it would sort every due row of those topics before the
+	// LIMIT (81 ms a claim with a 300,000-row backlog that the statistics
+	// had not seen, against 2 ms on the claim index).
+	topic := `topic || '' = ANY($1::text[])`
 	if topics == 1 {
 		topic = `topic = $1`
 	}
