@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -119,39 +118,10 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 	staleStats(t, e, 2000, "t")
 	d := postgres.Dialect().(outbox.RelayDialect)
 	db := pgxtx.Pool(genericPool(t, 8))
-	var mu sync.Mutex
-	seen := map[outbox.ID]bool{}
-	var total atomic.Int64
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 12 { // more executions than the generic-plan switch needs
-				limit := 1 + (w+i)%17
-				cs, _, err := d.Claim(context.Background(), db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if len(cs) > limit {
-					t.Errorf("claim with limit %d took %d rows", limit, len(cs))
-				}
-				mu.Lock()
-				for _, c := range cs {
-					if seen[c.ID] {
-						t.Errorf("row %s claimed twice", c.ID)
-					}
-					seen[c.ID] = true
-				}
-				mu.Unlock()
-				total.Add(int64(len(cs)))
-			}
-		}()
-	}
-	wg.Wait()
-	if n := count(t, e.table, `state = 'processing'`); int64(n) != total.Load() {
-		t.Errorf("%d rows processing, claims returned %d", n, total.Load())
+	// More rounds than the generic-plan switch needs.
+	total := dialecttest.ClaimConcurrently(t, d, db, e.ob.Table(), "t", 8, 12)
+	if n := count(t, e.table, `state = 'processing'`); n != total {
+		t.Errorf("%d rows processing, claims returned %d", n, total)
 	}
 	var plan string
 	if err := pgtest.Admin(t).QueryRow(`SELECT reltuples::bigint::text FROM pg_class WHERE oid = $1::regclass`, e.table).Scan(&plan); err != nil {

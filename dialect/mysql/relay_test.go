@@ -124,42 +124,12 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 	publishMany(t, e, 1000, "other")
 	d := mysql.Dialect().(outbox.RelayDialect)
 	db := sqltx.Pool(e.pool)
-	var mu sync.Mutex
-	seen := map[outbox.ID]bool{}
-	var total atomic.Int64
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 12 {
-				limit := 1 + (w+i)%17
-				cs, _, err := d.Claim(context.Background(), db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if len(cs) > limit {
-					t.Errorf("claim with limit %d took %d rows", limit, len(cs))
-				}
-				mu.Lock()
-				for _, c := range cs {
-					if seen[c.ID] || c.Topic != "t" || c.Attempts != 1 {
-						t.Errorf("row %s (%s, attempt %d) claimed twice or wrongly", c.ID, c.Topic, c.Attempts)
-					}
-					seen[c.ID] = true
-				}
-				mu.Unlock()
-				total.Add(int64(len(cs)))
-			}
-		}()
-	}
-	wg.Wait()
-	if total.Load() == 0 {
+	total := dialecttest.ClaimConcurrently(t, d, db, e.ob.Table(), "t", 8, 12)
+	if total == 0 {
 		t.Fatal("nothing claimed")
 	}
-	if n := count(t, e.table, `state = 'processing'`); int64(n) != total.Load() {
-		t.Errorf("%d rows processing, claims returned %d", n, total.Load())
+	if n := count(t, e.table, `state = 'processing'`); n != total {
+		t.Errorf("%d rows processing, claims returned %d", n, total)
 	}
 	if n := count(t, e.table, `state = 'processing' AND topic <> 't'`); n != 0 {
 		t.Errorf("%d rows of another topic claimed", n)

@@ -246,16 +246,26 @@ func claimLimits(t *testing.T, e *env) {
 		msgs[i] = outbox.Message{Topic: "t"}
 	}
 	e.publish(t, msgs...)
+	if got := ClaimConcurrently(t, e.rd, e.DB, e.ob.Table(), "t", 6, 0); got != n {
+		t.Errorf("%d claimed, want %d", got, n)
+	}
+}
+
+// ClaimConcurrently runs claimers goroutines that each claim due messages
+// of topic, with limits from 1 to 17, rounds times (until a claim comes
+// back empty when rounds is 0). It fails t if a claim takes more than its
+// limit, a message of another topic or one not at its first attempt, or a
+// message another claim took, and returns how many messages were claimed.
+func ClaimConcurrently(t testing.TB, rd outbox.RelayDialect, db outbox.DB, table outbox.Table, topic string, claimers, rounds int) int {
+	t.Helper()
 	var mu sync.Mutex
 	seen := map[outbox.ID]bool{}
 	var wg sync.WaitGroup
-	for w := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				limit := 1 + (w*7+i)%13
-				cs, _, err := e.rd.Claim(context.Background(), e.DB, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: limit, Lease: time.Minute, MaxAttempts: 3})
+	for w := range claimers {
+		wg.Go(func() {
+			for i := 0; rounds == 0 || i < rounds; i++ {
+				limit := 1 + (w*7+i)%17
+				cs, _, err := rd.Claim(context.Background(), db, table, outbox.ClaimParams{Topics: []string{topic}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
 				if err != nil {
 					t.Error(err)
 					return
@@ -263,24 +273,22 @@ func claimLimits(t *testing.T, e *env) {
 				if len(cs) > limit {
 					t.Errorf("claim with limit %d took %d", limit, len(cs))
 				}
-				if len(cs) == 0 {
+				if len(cs) == 0 && rounds == 0 {
 					return
 				}
 				mu.Lock()
 				for _, c := range cs {
-					if seen[c.ID] {
-						t.Errorf("%s claimed twice", c.ID)
+					if seen[c.ID] || c.Topic != topic || c.Attempts != 1 {
+						t.Errorf("message %s (topic %q, attempt %d) claimed twice or wrongly", c.ID, c.Topic, c.Attempts)
 					}
 					seen[c.ID] = true
 				}
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	if len(seen) != n {
-		t.Errorf("%d claimed, want %d", len(seen), n)
-	}
+	return len(seen)
 }
 
 // claimTopics: a claim of one topic, and one of two, take exactly their
