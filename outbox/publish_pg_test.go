@@ -14,6 +14,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
@@ -238,44 +239,10 @@ func TestDedup(t *testing.T) {
 
 			// Eight concurrent transactions with one key: one stores it.
 			const workers = 8
-			var wg sync.WaitGroup
-			dups := make(chan bool, workers)
-			errs := make(chan error, workers)
-			for i := range workers {
+			dialecttest.DedupRace(t, e.ob, workers, "concurrent", func(i int) (outbox.Tx, func() error, error) {
 				tx := d.begin(t)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if err := tx.exec(`INSERT INTO `+e.orders+` (id) VALUES ($1)`, fmt.Sprint("c", i)); err != nil {
-						errs <- err
-						return
-					}
-					r, err := e.ob.Publish(ctx, tx.tx, outbox.Message{Topic: "x", DedupKey: "concurrent"})
-					if err != nil {
-						errs <- err
-						return
-					}
-					dups <- r.Duplicate
-					errs <- tx.commit()
-				}()
-			}
-			wg.Wait()
-			close(dups)
-			close(errs)
-			for err := range errs {
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			stored := 0
-			for d := range dups {
-				if !d {
-					stored++
-				}
-			}
-			if stored != 1 {
-				t.Errorf("%d publishers were told they stored the message, want 1", stored)
-			}
+				return tx.tx, tx.commit, tx.exec(`INSERT INTO `+e.orders+` (id) VALUES ($1)`, fmt.Sprint("c", i))
+			})
 			if n := count(t, e.table, `dedup_key = 'concurrent'`); n != 1 {
 				t.Errorf("%d rows for the key, want 1", n)
 			}

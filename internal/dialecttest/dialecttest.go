@@ -588,6 +588,50 @@ func shutdownDrain(t *testing.T, e *env) {
 	}
 }
 
+// DedupRace publishes, from workers concurrent transactions, one message
+// each with the same dedup key, and commits them. begin(i) opens
+// transaction i, writes its business row and returns the transaction and
+// its commit. It fails t unless exactly one publisher was told it stored
+// the message and every transaction committed; the caller counts rows.
+func DedupRace(t testing.TB, ob *outbox.Outbox, workers int, key string, begin func(i int) (outbox.Tx, func() error, error)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	dups := make(chan bool, workers)
+	errs := make(chan error, workers)
+	for i := range workers {
+		tx, commit, err := begin(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			r, err := ob.Publish(context.Background(), tx, outbox.Message{Topic: "x", DedupKey: key})
+			if err != nil {
+				errs <- err
+				return
+			}
+			dups <- r.Duplicate
+			errs <- commit()
+		})
+	}
+	wg.Wait()
+	close(dups)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := 0
+	for d := range dups {
+		if !d {
+			stored++
+		}
+	}
+	if stored != 1 {
+		t.Errorf("%d publishers were told they stored the message, want 1", stored)
+	}
+}
+
 // PublishCommit publishes msgs with ob on tx, commits tx and returns the
 // messages' ids, failing the test on any error.
 func PublishCommit(t testing.TB, tx *sql.Tx, ob *outbox.Outbox, msgs ...outbox.Message) []outbox.ID {
