@@ -385,17 +385,14 @@ func (d claimTimerDB) QueryDB(ctx context.Context, q string, args ...any) (outbo
 func skewRun(ctx context.Context, s *system) float64 {
 	const behind, due = 200_000, 50
 	s.reset(ctx)
-	if s.topicIndex != "" {
-		create, err := postgres.TopicIndexSQL(s.topicIndex)
+	if s.skewIndex {
+		create, err := postgres.TopicIndexSQL(s.table)
 		check(err)
 		mustExec(ctx, s.pool, create)
-		t, err := outbox.ParseTable(s.topicIndex)
+		t, err := outbox.ParseTable(s.table)
 		check(err)
-		drop := `DROP INDEX "` + t.Name + `_topic_claim_idx"`
-		if t.Schema != "" {
-			drop = `DROP INDEX "` + t.Schema + `"."` + t.Name + `_topic_claim_idx"`
-		}
-		defer mustExec(ctx, s.pool, drop)
+		// The index is in its table's schema, named as TopicIndexSQL names it.
+		defer mustExec(ctx, s.pool, `DROP INDEX `+postgres.QuoteTable(outbox.Table{Schema: t.Schema, Name: t.Name + "_topic_claim_idx"}))
 	}
 	s.fill(ctx, behind, "other")
 	s.fill(ctx, due, "bench")

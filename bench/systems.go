@@ -45,9 +45,9 @@ type system struct {
 	consume func(ctx context.Context, procs int, onMsg func(seq int64)) (start, stop func())
 	left    func(ctx context.Context) int // messages not yet delivered
 	table   string                        // oncommit's systems: the table, as in outbox.Config.Table
-	// topicIndex, when not "", is the table the skew scenario gives the
-	// optional topic claim index (postgres.TopicIndexSQL) for its run.
-	topicIndex string
+	// skewIndex: the skew scenario gives table the optional topic claim
+	// index (postgres.TopicIndexSQL) for its run.
+	skewIndex bool
 	// share divides the drain: a system this slow delivers n/share
 	// messages of the n-message backlog (its rate is per message delivered;
 	// the whole backlog would take minutes a round).
@@ -178,7 +178,7 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 			gueConfig{workers: 16, poll: 10 * time.Millisecond, poolConns: 20, runAt: true}),
 	}
 	ss.riv.share, ss.gu.share = 10, 10
-	ss.oncBest.topicIndex = ss.oncBest.table
+	ss.oncBest.skewIndex = true
 	return ss
 }
 

@@ -34,9 +34,10 @@ import (
 // The statement is matched literally under sqlmock's default QueryMatcher
 // (sqlmock.QueryMatcherRegexp). With Config.NotifyInterval set, whether a
 // publish notifies depends on timing, so the expectation accepts the
-// statement with and without the NOTIFY (outbox.Statement.QuietQuery). If a message is invalid, the expectation
-// answers with Publish's validation error instead; since Publish refuses such
-// a message without sending SQL, the expectation then stays unmet and
+// statement with and without the NOTIFY (outbox.Statement.QuietQuery).
+// If a message is invalid, the expectation answers with Publish's
+// validation error instead; since Publish refuses such a message without
+// sending SQL, the expectation then stays unmet and
 // mock.ExpectationsWereMet reports it.
 func ExpectPublish(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) {
 	expect(mock, ob, msgs, true)

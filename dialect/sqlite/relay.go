@@ -64,9 +64,6 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-// Claim settles p.Done, then claims, as two statements: on SQLite a commit
-// is cheap (WAL), and each statement takes the write lock on its own, so
-// there is nothing to gain from one transaction for both.
 // relayTexts caches the relay's statements per table (built once, not on
 // every claim, settle and renewal).
 type relayTexts struct {
@@ -91,6 +88,9 @@ func newTexts() relayTexts {
 	}
 }
 
+// Claim settles p.Done, then claims, as two statements: on SQLite a commit
+// is cheap (WAL), and each statement takes the write lock on its own, so
+// there is nothing to gain from one transaction for both.
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
 	db = prepared(db)
 	var done []outbox.Fence
@@ -172,20 +172,23 @@ FROM ` + values + fence
 
 func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, kind outbox.SettleKind, s []outbox.Settlement) ([]outbox.Fence, error) {
 	st := d.texts.settle.Get(t)
+	// The deletes take ids and one attempts value; the updates take a row
+	// of values per settlement.
 	var q string
+	deletes := false
 	switch {
 	case kind == outbox.SettleDone && p.KeepDelivered:
 		q = st.markDelivered
 	case kind == outbox.SettleDone:
-		q = st.deleteDone
+		q, deletes = st.deleteDone, true
 	case kind == outbox.SettleRetry:
 		q = st.retry
 	case p.DiscardDead:
-		q = st.deleteDead
+		q, deletes = st.deleteDead, true
 	default:
 		q = st.markDead
 	}
-	if q != st.deleteDone && q != st.deleteDead {
+	if !deletes {
 		return sqlbuild.Fences(ctx, db, q, settleRows(s))
 	}
 	var applied []outbox.Fence

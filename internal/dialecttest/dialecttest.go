@@ -387,12 +387,16 @@ func fencingMixedBatch(t *testing.T, e *env) {
 		p     outbox.SettleParams
 		kind  outbox.SettleKind
 		carry bool
+		// also, when not "", is a second topic of the carrying claim: a
+		// claim of several topics, which dialects may build apart from a
+		// claim of one.
+		also string
 	}{
-		{"done", outbox.SettleParams{}, outbox.SettleDone, false},
-		{"done carried by a claim", outbox.SettleParams{}, outbox.SettleDone, true},
-		{"done kept carried by a claim", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, true},
-		{"done kept", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, false},
-		{"dead discarded", outbox.SettleParams{DiscardDead: true}, outbox.SettleDead, false},
+		{"done", outbox.SettleParams{}, outbox.SettleDone, false, ""},
+		{"done carried by a claim", outbox.SettleParams{}, outbox.SettleDone, true, ""},
+		{"done kept carried by a claim of two topics", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, true, "elsewhere"},
+		{"done kept", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, false, ""},
+		{"dead discarded", outbox.SettleParams{DiscardDead: true}, outbox.SettleDead, false, ""},
 	} {
 		topic := strings.ReplaceAll(tc.name, " ", "_")
 		res := e.publish(t, outbox.Message{Topic: topic}, outbox.Message{Topic: topic}, outbox.Message{Topic: topic})
@@ -412,12 +416,9 @@ func fencingMixedBatch(t *testing.T, e *env) {
 		var err error
 		if tc.carry {
 			var cs []outbox.Claimed
-			// Carried by a claim of another topic and this one: a claim of
-			// several topics (dialects may build it apart from one of one
-			// topic, covered by the other carrying case).
 			topics := []string{topic}
-			if tc.p.KeepDelivered {
-				topics = []string{"elsewhere", topic}
+			if tc.also != "" {
+				topics = append(topics, tc.also)
 			}
 			cs, applied, err = e.rd.Claim(ctx, e.DB, e.ob.Table(), outbox.ClaimParams{Topics: topics, Limit: 10, Lease: time.Minute, MaxAttempts: 5, Done: batch, KeepDelivered: tc.p.KeepDelivered})
 			if err == nil && len(cs) != 0 {

@@ -18,8 +18,8 @@ const HealthEvery = 15 * time.Second
 const HealthTimeout = 5 * time.Second
 
 // Run executes listenSQL on conn, calls wake once listening (with payload
-// "") and once per notification (with its payload), and returns nil when ctx ends or the error that ended the
-// connection.
+// "") and once per notification (with its payload), and returns nil when
+// ctx ends or the error that ended the connection.
 func Run(ctx context.Context, conn *pgx.Conn, listenSQL string, wake func(payload string)) error {
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		if ctx.Err() != nil {
