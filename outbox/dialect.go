@@ -159,6 +159,14 @@ type StoredLister interface {
 // Listener is implemented by a [DB] that can wait for notifications on a
 // dedicated connection (PostgreSQL LISTEN).
 type Listener interface {
+	// CanListen reports, without I/O, whether ListenDB can work: nil, an
+	// error wrapping [ErrUnsupported] when the driver cannot listen (the
+	// relay then polls only, or fails at construction with
+	// RelayConfig.Listen NotifyOn), or another error (such as a
+	// [*ConfigError] for a pool too small to spare the listener its
+	// connection) that makes the relay fail at construction.
+	CanListen() error
+
 	// ListenDB opens a dedicated connection, runs listenSQL on it, calls
 	// wake once when listening (with payload "") and once per notification
 	// (with its payload), and blocks until ctx ends (returning nil) or the
@@ -208,6 +216,14 @@ type RelayDialect interface {
 	// ListenSQL is the statement a listener runs, "" when the dialect has
 	// no notifications.
 	ListenSQL(t Table) string
+
+	// Check makes sure, with one cheap read that changes nothing, that
+	// table t exists and has the columns Claim needs. It returns an error
+	// wrapping [ErrTableMissing] when the table does not exist, one
+	// wrapping [ErrSchemaMismatch] when it lacks columns, and the driver's
+	// error when it cannot tell (the database is unreachable, say). The
+	// relay runs it when it starts.
+	Check(ctx context.Context, db DB, t Table) error
 }
 
 // State is the state of a message row.

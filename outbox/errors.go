@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Match them with [errors.Is]; the error returned usually wraps
@@ -39,6 +41,11 @@ var (
 	// transaction when it reports this.
 	ErrTableMissing = errors.New("outbox: outbox table does not exist; run the migrations")
 
+	// ErrSchemaMismatch is returned when the outbox table exists but lacks
+	// columns this version needs (by [Relay.Run], which checks the table
+	// before it claims, or by Publish): apply the newer migrations.
+	ErrSchemaMismatch = errors.New("outbox: outbox table lacks columns this version needs; apply the newer migrations")
+
 	// ErrInvalidMessage is wrapped by every [*MessageError]. Publish returns
 	// it before sending anything, so the caller's transaction stays usable.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
@@ -46,10 +53,51 @@ var (
 	// ErrInvalidConfig is wrapped by every [*ConfigError], returned by [New].
 	ErrInvalidConfig = errors.New("outbox: invalid configuration")
 
-	// ErrUnsupported is returned by [New] when the configuration asks for a
-	// capability the dialect does not have (for example NotifyOn on SQLite).
-	ErrUnsupported = errors.New("outbox: not supported by this dialect")
+	// ErrUnsupported is returned by [New] and [Outbox.Relay] when the
+	// configuration asks for a capability that the dialect or the driver
+	// does not have (for example NotifyOn on SQLite, or a relay's
+	// Listen: NotifyOn on lib/pq, which cannot LISTEN through database/sql).
+	ErrUnsupported = errors.New("outbox: not supported")
 )
+
+// prefix starts the text of every error the outbox returns, once.
+const prefix = "outbox: "
+
+// opError is an error of one operation ("publish", "claim"...): its text
+// is "outbox: op: ", the context's error when the context ended, and the
+// text of err without err's own "outbox: ", so the prefix is said once
+// however the errors nest.
+type opError struct {
+	op     string
+	ctxErr error // context.DeadlineExceeded or context.Canceled, or nil
+	err    error
+}
+
+func (e *opError) Error() string {
+	s := prefix + e.op + ": "
+	if e.ctxErr != nil {
+		s += e.ctxErr.Error() + ": "
+	}
+	return s + strings.TrimPrefix(e.err.Error(), prefix)
+}
+
+func (e *opError) Unwrap() []error {
+	if e.ctxErr == nil {
+		return []error{e.err}
+	}
+	return []error{e.ctxErr, e.err}
+}
+
+// wrapOp returns err as an error of operation op. When ctx has ended and
+// err does not say so, the error also wraps ctx's error, so callers can
+// test errors.Is(err, context.DeadlineExceeded).
+func wrapOp(ctx context.Context, op string, err error) error {
+	e := &opError{op: op, err: err}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		e.ctxErr = cerr
+	}
+	return e
+}
 
 // MessageError reports a message that Publish refused before sending any SQL.
 // It wraps [ErrInvalidMessage].

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -207,4 +210,72 @@ func ExampleOutbox_Relay_postgres() {
 	if err := relay.Run(ctx); err != nil { // until ctx ends, then drains
 		panic(err)
 	}
+}
+
+// A readiness probe in three lines: Health().Err() is nil while the relay
+// runs and claims, and says why not otherwise (not running, shutting down,
+// or claims failing in a row).
+func ExampleRelay_Health() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+	relay, _ := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	_ = relay.Handle("order.placed", func(context.Context, outbox.Delivery) error { return nil })
+
+	ready := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if err := relay.Health().Err(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		}
+	})
+	probe := func() {
+		rec := httptest.NewRecorder()
+		ready.ServeHTTP(rec, httptest.NewRequest("GET", "/ready", nil))
+		body := strings.TrimSpace(rec.Body.String())
+		if body == "" {
+			body = "ready"
+		}
+		fmt.Println(rec.Code, body)
+	}
+	probe()
+
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	for relay.Health().LastClaim.IsZero() { // the first claim
+		time.Sleep(time.Millisecond)
+	}
+	probe()
+	stop()
+	<-done
+	probe()
+	// Output:
+	// 503 outbox: relay is not running
+	// 200 ready
+	// 503 outbox: relay is not running
+}
+
+// A relay's Stats point at topics nobody handles: here a message of a
+// topic without a handler, and a handler whose topic has no messages.
+func ExampleRelay_Stats() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+	tx, _ := db.BeginTx(ctx, nil)
+	_, _ = ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.shipped"})
+	_ = tx.Commit()
+	time.Sleep(5 * time.Millisecond) // due (0 s old) becomes overdue
+
+	relay, _ := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{})
+	_ = relay.Handle("order.shiped", func(context.Context, outbox.Delivery) error { return nil })
+	st, err := relay.Stats(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("due, without a handler here:", st.Unhandled)
+	fmt.Println("handled, without messages:", st.Idle)
+	// Output:
+	// due, without a handler here: [order.shipped]
+	// handled, without messages: [order.shiped]
 }

@@ -46,7 +46,7 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 	}
 	n, err := rd.Purge(ctx, db, o.table, states, opts.OlderThan)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: purge: %w", err)
+		return 0, wrapOp(ctx, "purge", err)
 	}
 	return n, nil
 }
@@ -61,7 +61,7 @@ func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error
 	}
 	n, err := rd.Redrive(ctx, db, o.table, topic)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: redrive: %w", err)
+		return 0, wrapOp(ctx, "redrive", err)
 	}
 	return n, nil
 }
@@ -75,7 +75,7 @@ func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
 	}
 	s, err := rd.Stats(ctx, db, o.table)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: stats: %w", err)
+		return nil, wrapOp(ctx, "stats", err)
 	}
 	return s, nil
 }

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -302,7 +301,7 @@ func (o *Outbox) rows(msgs []Message) ([]Row, error) {
 
 func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Result) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outbox: publish: %w", err)
+		return wrapOp(ctx, "publish", err)
 	}
 	if tx == nil {
 		return ErrNilTx
@@ -335,10 +334,7 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 		stored, err = o.query(ctx, tx, query, args, len(rows), dedup)
 	}
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-			return fmt.Errorf("outbox: publish: %w: %w", cerr, err)
-		}
-		return fmt.Errorf("outbox: publish: %w", err)
+		return wrapOp(ctx, "publish", err)
 	}
 	if !dedup || len(stored) == len(rows) { // nothing was a duplicate
 		for i := range rows {
@@ -350,7 +346,7 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 	for _, s := range stored {
 		id, err := ParseID(s)
 		if err != nil {
-			return fmt.Errorf("outbox: publish: %w", err)
+			return wrapOp(ctx, "publish", err)
 		}
 		got[id] = true
 	}

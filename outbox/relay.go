@@ -124,6 +124,14 @@ type RelayConfig struct {
 	// DefaultShutdownGrace (10s).
 	ShutdownGrace time.Duration
 
+	// UnhandledEvery is how often the relay looks for due messages of
+	// topics it has no handler for (one [Outbox.Stats] query, which scans
+	// the table) and warns about those that have waited over a minute (or
+	// ten poll intervals), at most once an hour per topic. It also looks
+	// once when Run starts. Forever turns it off. Defaults to
+	// DefaultUnhandledEvery (5m).
+	UnhandledEvery time.Duration
+
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
@@ -152,6 +160,7 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 		{"Concurrency", c.Concurrency < 0}, {"MaxAttempts", c.MaxAttempts < 0}, {"RetryBase", c.RetryBase < 0},
 		{"RetryCap", c.RetryCap < 0}, {"KeepDelivered", c.KeepDelivered < 0}, {"JanitorEvery", c.JanitorEvery < 0},
 		{"CommandTimeout", c.CommandTimeout < 0}, {"ShutdownGrace", c.ShutdownGrace < 0},
+		{"UnhandledEvery", c.UnhandledEvery < 0},
 	} {
 		if ch.bad {
 			return &ConfigError{ch.field, "must not be negative"}
@@ -172,6 +181,7 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 	def(&c.JanitorEvery, DefaultJanitorEvery)
 	def(&c.CommandTimeout, DefaultCommandTimeout)
 	def(&c.ShutdownGrace, DefaultShutdownGrace)
+	def(&c.UnhandledEvery, DefaultUnhandledEvery)
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
@@ -203,14 +213,18 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 // [Outbox.Relay], register handlers with [Relay.Handle] or [HandleJSON],
 // then call [Relay.Run]. Every replica may run one: claims never overlap.
 type Relay struct {
-	ob      *Outbox
-	d       RelayDialect
-	db      DB
-	cfg     RelayConfig
-	retry   backoff.Policy
-	log     *slog.Logger
-	listen  Listener // nil when polling only
-	settleP SettleParams
+	ob     *Outbox
+	d      RelayDialect
+	db     DB
+	cfg    RelayConfig
+	retry  backoff.Policy
+	log    *slog.Logger
+	listen Listener // nil when polling only
+	// pollOnly says why the relay cannot listen with Listen NotifyAuto
+	// (logged once when Run starts), nil otherwise.
+	pollOnly error
+	health   health
+	settleP  SettleParams
 
 	mu       sync.Mutex
 	handlers map[string]Handler // written before Run only: read without mu after
@@ -278,12 +292,24 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 	}
 	if cfg.Listen != NotifyOff {
 		l, ok := db.(Listener)
-		sql := rd.ListenSQL(o.table)
+		var why error
 		switch {
-		case ok && sql != "":
+		case rd.ListenSQL(o.table) == "":
+			why = fmt.Errorf("%w: the %s dialect has no notifications", ErrUnsupported, o.d.Name())
+		case !ok:
+			why = fmt.Errorf("%w: %T cannot listen for notifications", ErrUnsupported, db)
+		default:
+			why = l.CanListen()
+		}
+		switch {
+		case why == nil:
 			r.listen = l
+		case !errors.Is(why, ErrUnsupported):
+			return nil, why
 		case cfg.Listen == NotifyOn:
-			return nil, fmt.Errorf("%w: cannot listen for notifications with this dialect and DB (RelayConfig.Listen is NotifyOn)", ErrUnsupported)
+			return nil, fmt.Errorf("%w (RelayConfig.Listen is NotifyOn; NotifyAuto polls instead)", why)
+		default:
+			r.pollOnly = why
 		}
 	}
 	return r, nil
@@ -320,7 +346,11 @@ func (r *Relay) Handle(topic string, h Handler) error {
 // (their leases lapse and another claim delivers them again), writes the
 // outcomes it has and returns nil. Errors talking to the database are
 // logged and retried with backoff, never returned. Run returns an error
-// only when it cannot start: no handlers, or already started.
+// only when it cannot start: no handlers, already started, or an outbox
+// table that does not exist ([ErrTableMissing]) or lacks columns
+// ([ErrSchemaMismatch]). It checks the table before its first claim (when
+// the database cannot be reached then, before the first claim that
+// succeeds). [Relay.Health] reports how it is doing meanwhile.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {
@@ -332,12 +362,24 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrNoHandlers
 	}
 	r.started = true
+	r.health.set(func(h *Health) { *h = Health{Running: true} })
 	// Room for many batches of outcomes, so finished handlers rarely wait
 	// for the settler (and keep their slots) while it writes.
 	r.results = make(chan Settlement, max(4*r.cfg.Concurrency, 4*r.cfg.BatchSize, 1024))
 	r.settled = make(chan struct{})
 	r.doneAdded = make(chan struct{}, 1)
 	r.mu.Unlock()
+	defer r.health.set(func(h *Health) { h.Running, h.Draining, h.Listener = false, false, ListenerOff })
+
+	// A missing table or an old schema fails Run at once; an unreachable
+	// database does not (the claims retry with backoff, and check again).
+	checked, err := r.check(ctx)
+	if err != nil {
+		return err
+	}
+	if r.pollOnly != nil {
+		r.log.Info("outbox: relay polls only", "reason", r.pollOnly, "poll_interval", r.cfg.PollInterval)
+	}
 
 	// Handlers' contexts carry ctx's values but outlive it by the grace
 	// period: each is cancelled on its own, by cancelHandlers at the end of
@@ -363,11 +405,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.KeepDelivered > 0 && r.cfg.KeepDelivered != Forever {
 		startBG(r.janitorLoop)
 	}
+	if r.cfg.UnhandledEvery != Forever {
+		startBG(r.unhandledLoop)
+	}
 	stopSettler := make(chan struct{})
 	go r.settleLoop(context.WithoutCancel(ctx), stopSettler)
 
 	var workers sync.WaitGroup
-	r.claimLoop(ctx, handlersCtx, &workers)
+	runErr := r.claimLoop(ctx, handlersCtx, &workers, checked)
+	r.health.set(func(h *Health) { h.Draining = true })
 
 	// Shutdown: wait for the running handlers within the grace period.
 	drained := make(chan struct{})
@@ -389,7 +435,25 @@ func (r *Relay) Run(ctx context.Context) error {
 	bgWG.Wait()
 	close(stopSettler)
 	<-r.settled
-	return nil
+	return runErr
+}
+
+// check runs the dialect's Check. It returns an error for a table that is
+// missing or lacks columns, and whether the check could tell.
+func (r *Relay) check(ctx context.Context) (checked bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	err = r.d.Check(cctx, r.db, r.ob.table)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ErrTableMissing) || errors.Is(err, ErrSchemaMismatch):
+		return true, wrapOp(cctx, "relay", fmt.Errorf("%w (table %s)", err, r.ob.table))
+	}
+	if ctx.Err() == nil {
+		r.log.Warn("outbox: cannot check the outbox table yet; claiming with backoff", "err", wrapOp(cctx, "check", err))
+	}
+	return false, nil
 }
 
 // cancelHandlers cancels the contexts of the running handlers, and of any
@@ -410,7 +474,13 @@ func (r *Relay) cancelHandlers() {
 // takes at most the free handler slots; after a full claim it waits until
 // enough slots are free (see threshold), so a busy relay claims in batches
 // rather than one row per finished handler.
-func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup) {
+//
+// While claims fail, it waits out the backoff whatever wakes it
+// (notification, reconnect, freed slot): a sick database gets a few claims
+// a second at most, not one per wake-up. Until the table has been checked
+// (see check), a failed claim checks it again, and a missing table ends
+// the loop with that error.
+func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup, checked bool) error {
 	sl := &slots{freed: make(chan struct{}, 1)}
 	free := func() int { return r.cfg.Concurrency - int(sl.running.Load()) }
 	// After a full claim, claim again once this many slots are free: a whole
@@ -430,13 +500,14 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	failures := 0
+	var retryAt time.Time   // while claims fail: no claim before this
 	full := false           // the last claim filled its limit: more may be due
 	var trail time.Duration // the follow-up delay in force, 0 for none
 	for {
 		if !full || free() < threshold {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-poll.C:
 				resetTimer(poll, r.cfg.PollInterval)
 			case <-r.wake:
@@ -447,7 +518,10 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			}
 		}
 		if ctx.Err() != nil {
-			return
+			return nil
+		}
+		if failures > 0 && time.Now().Before(retryAt) {
+			continue // backing off: the poll timer fires at retryAt
 		}
 		nfree := free()
 		if nfree == 0 {
@@ -457,15 +531,25 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		claimed, err := r.claimFinishing(ctx, limit)
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return nil
+			}
+			r.health.claimed(err)
+			if !checked {
+				var cerr error
+				if checked, cerr = r.check(ctx); cerr != nil {
+					return cerr
+				}
 			}
 			failures++
-			wait := backoff.Policy{Base: 100 * time.Millisecond, Cap: max(r.cfg.PollInterval, 10*time.Second), Jitter: 0.5}.Delay(failures)
+			wait := claimRetry(r.cfg.PollInterval).Delay(failures)
 			r.log.Error("outbox: claim failed", "err", err, "retry_in", wait, "failures", failures)
 			full = false
+			retryAt = time.Now().Add(wait)
 			resetTimer(poll, wait)
 			continue
 		}
+		r.health.claimed(nil)
+		checked = true
 		failures = 0
 		batch := r.register(handlersCtx, claimed)
 		for i := range batch {
@@ -509,6 +593,12 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			}
 		}
 	}
+}
+
+// claimRetry is the backoff after failed claims: from 100 ms up to the poll
+// interval or 10 s, whichever is longer.
+func claimRetry(poll time.Duration) backoff.Policy {
+	return backoff.Policy{Base: 100 * time.Millisecond, Cap: max(poll, 10*time.Second), Jitter: 0.5}
 }
 
 // claimFinishing claims like claim, but a claim in flight when ctx ends
@@ -583,7 +673,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
 	})
 	if err != nil {
-		err = wrapCtx(ctx, fmt.Errorf("outbox: claim: %w", err))
+		err = wrapOp(ctx, "claim", r.d.Classify(err))
 		r.putBackDone(done) // nothing of the statement was committed
 	} else if len(done) > 0 {
 		r.report(ctx, done, applied, nil)
@@ -994,35 +1084,6 @@ func (r *Relay) renewLoop(ctx context.Context) {
 			}
 		}
 	})
-}
-
-// listenLoop keeps a listener running, reconnecting with backoff.
-func (r *Relay) listenLoop(ctx context.Context) {
-	sql := r.d.ListenSQL(r.ob.table)
-	failures := 0
-	for {
-		start := time.Now()
-		err := r.listen.ListenDB(ctx, sql, r.notified)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > time.Minute {
-			failures = 0
-		}
-		failures++
-		wait := backoff.Policy{Base: 100 * time.Millisecond, Cap: 30 * time.Second, Jitter: 0.5}.Delay(failures)
-		if errors.Is(err, ErrUnsupported) {
-			r.log.Warn("outbox: this DB cannot listen for notifications; polling only", "err", err)
-			return
-		}
-		r.log.Warn("outbox: listener lost; reconnecting", "err", err, "retry_in", wait)
-		r.signal() // poll now: notifications may have been missed
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-	}
 }
 
 // janitorLoop purges delivered messages older than KeepDelivered.

@@ -37,6 +37,8 @@ func (f *faultDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Ro
 // listeningFaultDB is a faultDB that is also a Listener.
 type listeningFaultDB struct{ *faultDB }
 
+func (f listeningFaultDB) CanListen() error { return nil }
+
 func (f listeningFaultDB) ListenDB(ctx context.Context, sql string, wake func(payload string)) error {
 	return f.listen(ctx, sql, wake)
 }

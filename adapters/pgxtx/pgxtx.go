@@ -156,6 +156,10 @@ func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Row
 	return pgxRows{rows}, nil
 }
 
+// CanListen returns nil: pgx can always listen, on a connection of its own
+// (the pool's size does not matter). It implements [outbox.Listener].
+func (d *DB) CanListen() error { return nil }
+
 // ListenDB opens a dedicated connection and listens on it until ctx ends or
 // the connection fails.
 func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload string)) error {

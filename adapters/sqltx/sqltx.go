@@ -145,6 +145,21 @@ func (d *DB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	return st, nil
 }
 
+// CanListen reports whether the relay can listen through this pool: it
+// needs pgx's stdlib driver (lib/pq cannot LISTEN through database/sql),
+// and a pool that allows at least two open connections, because the
+// listener holds one for as long as the relay runs. It implements
+// [outbox.Listener].
+func (d *DB) CanListen() error {
+	if drv, ok := d.db.Driver().(*stdlib.Driver); !ok || drv == nil {
+		return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver; the driver %T cannot (use pgx's stdlib driver or pgxtx, or set RelayConfig.Listen to NotifyOff)", outbox.ErrUnsupported, d.db.Driver())
+	}
+	if n := d.db.Stats().MaxOpenConnections; n == 1 {
+		return &outbox.ConfigError{Field: "DB", Reason: "the *sql.DB allows 1 open connection (SetMaxOpenConns) and the relay's listener holds one for as long as it runs, leaving none for claims: allow at least 2 (plus what the application needs), or set RelayConfig.Listen to NotifyOff"}
+	}
+	return nil
+}
+
 // ListenDB listens for notifications on a connection taken from the pool,
 // which it discards afterwards. It needs pgx's stdlib driver; with any other
 // driver it returns an error wrapping [outbox.ErrUnsupported] and the relay

@@ -148,6 +148,8 @@ func (*dialect) Classify(err error) error {
 		sentinel = outbox.ErrReadOnlyTx
 	case "42P01": // undefined_table
 		sentinel = outbox.ErrTableMissing
+	case "42703": // undefined_column
+		sentinel = outbox.ErrSchemaMismatch
 	default:
 		return err
 	}

@@ -77,6 +77,8 @@ func Run(t *testing.T, h Harness) {
 		{"Stats", stats},
 		{"KeepDelivered", keepDelivered},
 		{"ShutdownDrain", shutdownDrain},
+		{"RunChecksTable", runChecksTable},
+		{"RelayStats", relayStats},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if h.Parallel {

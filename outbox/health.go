@@ -1,0 +1,171 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ListenerState says whether a relay is listening for wake-up
+// notifications.
+type ListenerState int
+
+// The states of a relay's listener.
+const (
+	// ListenerOff: the relay polls only (RelayConfig.Listen is NotifyOff,
+	// or the dialect or the driver cannot listen), or Run is not running.
+	ListenerOff ListenerState = iota
+	// ListenerConnecting: opening the listening connection.
+	ListenerConnecting
+	// ListenerListening: LISTEN is in force; publishes wake the relay.
+	ListenerListening
+	// ListenerDown: the connection was lost; the relay reconnects with
+	// backoff and polls meanwhile.
+	ListenerDown
+)
+
+func (s ListenerState) String() string {
+	switch s {
+	case ListenerOff:
+		return "off"
+	case ListenerConnecting:
+		return "connecting"
+	case ListenerListening:
+		return "listening"
+	case ListenerDown:
+		return "down"
+	}
+	return fmt.Sprintf("ListenerState(%d)", int(s))
+}
+
+// Errors of [Health.Err].
+var (
+	// ErrRelayNotRunning: Run has not been called, or has returned.
+	ErrRelayNotRunning = errors.New("outbox: relay is not running")
+	// ErrRelayDraining: Run's context has ended; the relay claims nothing
+	// more and is finishing its running handlers.
+	ErrRelayDraining = errors.New("outbox: relay is shutting down")
+	// ErrRelayFailing: the relay's last claims failed (see
+	// [Health.ConsecutiveErrors]); the error also wraps the last one.
+	ErrRelayFailing = errors.New("outbox: relay cannot claim")
+)
+
+// UnhealthyAfter is the number of failed claims in a row after which
+// [Health.Err] reports the relay as failing. The relay retries a failed
+// claim with backoff (100 ms, 200 ms, 400 ms... up to the poll interval or
+// 10 s), so three failures span about a second of trouble.
+const UnhealthyAfter = 3
+
+// Health is a snapshot of a relay's state, from [Relay.Health].
+type Health struct {
+	// Running is true from the start of Run until it returns.
+	Running bool
+	// Draining is true once Run's context has ended: the relay claims no
+	// more and lets its running handlers finish.
+	Draining bool
+	// LastClaim is when the last claim that succeeded ended (whether or
+	// not it found messages); zero before the first.
+	LastClaim time.Time
+	// ConsecutiveErrors counts the claims that failed since the last one
+	// that succeeded; LastError is the last of them (nil when zero).
+	ConsecutiveErrors int
+	LastError         error
+	// Listener is the state of the wake-up listener; ListenerOff when the
+	// relay polls only.
+	Listener ListenerState
+	// ListenerConnects counts the connections on which LISTEN took effect
+	// since Run started: more than one means the listener reconnected.
+	ListenerConnects int
+	// Running handlers, at the time of the snapshot.
+	InFlight int
+}
+
+// Err returns nil when the relay is running and claiming: not started or
+// returned ([ErrRelayNotRunning]), shutting down ([ErrRelayDraining]), or
+// UnhealthyAfter claims failed in a row ([ErrRelayFailing], wrapping the
+// last claim error) make it an error. A listener that is down is not an
+// error: polling still delivers, only later. It suits a readiness probe.
+func (h Health) Err() error {
+	switch {
+	case !h.Running:
+		return ErrRelayNotRunning
+	case h.Draining:
+		return ErrRelayDraining
+	case h.ConsecutiveErrors >= UnhealthyAfter:
+		return &failingError{h.ConsecutiveErrors, h.LastError}
+	}
+	return nil
+}
+
+// failingError is ErrRelayFailing with the last claim error.
+type failingError struct {
+	n    int
+	last error
+}
+
+func (e *failingError) Error() string {
+	s := fmt.Sprintf("%s: %d claims failed in a row", ErrRelayFailing, e.n)
+	if e.last != nil {
+		s += "; the last: " + strings.TrimPrefix(e.last.Error(), prefix)
+	}
+	return s
+}
+
+func (e *failingError) Unwrap() []error { return []error{ErrRelayFailing, e.last} }
+
+// health is the state Relay.Health reports, written by the relay's loops.
+type health struct {
+	mu sync.Mutex
+	h  Health
+}
+
+func (hs *health) set(f func(h *Health)) {
+	hs.mu.Lock()
+	f(&hs.h)
+	hs.mu.Unlock()
+}
+
+// claimed records the end of a claim.
+func (hs *health) claimed(err error) {
+	hs.mu.Lock()
+	if err == nil {
+		hs.h.LastClaim = time.Now()
+		hs.h.ConsecutiveErrors, hs.h.LastError = 0, nil
+	} else {
+		hs.h.ConsecutiveErrors++
+		hs.h.LastError = err
+	}
+	hs.mu.Unlock()
+}
+
+// listener records the listener's state; connected counts a connection
+// that reached LISTEN.
+func (hs *health) listener(s ListenerState, connected bool) {
+	hs.mu.Lock()
+	hs.h.Listener = s
+	if connected {
+		hs.h.ListenerConnects++
+	}
+	hs.mu.Unlock()
+}
+
+// Health returns a snapshot of the relay's state: whether it runs, its
+// last claim, its failures in a row and its listener. It is cheap and safe
+// to call from any goroutine, for example from an HTTP readiness probe:
+//
+//	http.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+//		if err := relay.Health().Err(); err != nil {
+//			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+//		}
+//	})
+func (r *Relay) Health() Health {
+	r.health.mu.Lock()
+	h := r.health.h
+	r.health.mu.Unlock()
+	r.inflightMu.Lock()
+	h.InFlight = len(r.inflight)
+	r.inflightMu.Unlock()
+	return h
+}

@@ -1,0 +1,98 @@
+package outbox
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// DefaultUnhandledEvery is the default of RelayConfig.UnhandledEvery.
+const DefaultUnhandledEvery = 5 * time.Minute
+
+// unhandledAge is how long a due message of a topic without a handler in
+// this relay must have waited before the relay warns about its topic: in a
+// deployment where each relay handles some topics, the other relays
+// deliver theirs long before that.
+func (r *Relay) unhandledAge() time.Duration { return max(time.Minute, 10*r.cfg.PollInterval) }
+
+// unhandledWarnEvery is how often the relay warns again about one topic.
+const unhandledWarnEvery = time.Hour
+
+// RelayStats are the counts of [Outbox.Stats] seen from one relay.
+type RelayStats struct {
+	// Topics are the counts of every topic in the table.
+	Topics []TopicStats
+	// Unhandled are the topics that have due pending messages but no
+	// handler in this relay, sorted. Unless another relay handles them,
+	// those messages wait forever.
+	Unhandled []string
+	// Idle are the topics this relay handles that have no message in the
+	// table, sorted: a handler registered under a topic nobody publishes
+	// (a typo?) shows here, as does a quiet one.
+	Idle []string
+}
+
+// Stats returns the counts of the outbox table with what this relay makes
+// of them: topics with due messages it has no handler for, and topics it
+// handles that have no messages. It scans the table, like [Outbox.Stats].
+func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
+	ts, err := r.ob.Stats(ctx, r.db)
+	if err != nil {
+		return RelayStats{}, err
+	}
+	rs := RelayStats{Topics: ts}
+	seen := make(map[string]bool, len(ts))
+	for _, s := range ts {
+		seen[s.Topic] = true
+		if _, ok := r.handlers[s.Topic]; !ok && s.OldestPending > 0 {
+			rs.Unhandled = append(rs.Unhandled, s.Topic)
+		}
+	}
+	for _, topic := range r.handlerTopics() {
+		if !seen[topic] {
+			rs.Idle = append(rs.Idle, topic)
+		}
+	}
+	slices.Sort(rs.Unhandled)
+	return rs, nil
+}
+
+func (r *Relay) handlerTopics() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.topics) // sorted by Handle
+}
+
+// unhandledLoop warns, through the relay's logger, about topics whose due
+// messages have waited longer than unhandledAge while this relay has no
+// handler for them: once when Run starts, then every
+// RelayConfig.UnhandledEvery, at most once an hour per topic. It costs one
+// Stats query (a scan of the table) each time.
+func (r *Relay) unhandledLoop(ctx context.Context) {
+	warned := map[string]time.Time{}
+	look := func() {
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+		defer cancel()
+		ts, err := r.d.Stats(sctx, r.db, r.ob.table)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Debug("outbox: looking for unhandled topics failed", "err", wrapOp(sctx, "stats", err))
+			}
+			return
+		}
+		age := r.unhandledAge()
+		for _, s := range ts {
+			if _, ok := r.handlers[s.Topic]; ok || s.OldestPending < age {
+				continue
+			}
+			if time.Since(warned[s.Topic]) < unhandledWarnEvery {
+				continue
+			}
+			warned[s.Topic] = time.Now()
+			r.log.Warn("outbox: due messages of a topic this relay has no handler for; unless another relay handles it, they wait forever",
+				"topic", s.Topic, "pending", s.Pending, "oldest", s.OldestPending)
+		}
+	}
+	look()
+	tick(ctx, r.cfg.UnhandledEvery, look)
+}
