@@ -242,21 +242,6 @@ func binary(b *strings.Builder, s string) {
 // literals: topicIs + "(X'...', ...)" or topicIs + "= X'...'".
 const topicIs = "CAST(topic AS BINARY) "
 
-// idList writes the ids as a parenthesised list of literals. Ids are
-// written in their canonical form, hexadecimal digits and dashes.
-func idList(b *strings.Builder, ids []outbox.ID) {
-	b.WriteByte('(')
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('\'')
-		b.WriteString(id.String())
-		b.WriteByte('\'')
-	}
-	b.WriteByte(')')
-}
-
 // micros writes d as an interval: INTERVAL n MICROSECOND.
 func micros(b *strings.Builder, d time.Duration) {
 	b.WriteString("INTERVAL ")
