@@ -101,11 +101,12 @@ type Cursor struct {
 	ID outbox.ID
 }
 
-// ClaimSQL returns the claim's locking read: those of the candidate rows
-// ids that are still due and of topics, locked by primary key (see
-// [KeysSQL]), skipping rows other transactions hold. It locks only rows it
-// may take.
-func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID) string {
+// ClaimSQL returns the claim's locking read: at most limit of the
+// candidate rows ids that are still due and of topics, locked by primary
+// key (see [KeysSQL]), skipping rows other transactions hold. It locks only
+// rows it takes, and rows another claim has taken since the candidates
+// were read (it reads them to see that they are no longer due).
+func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID, limit int) string {
 	var b strings.Builder
 	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
 	keys(&b, t, ids)
@@ -116,7 +117,7 @@ func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID) string {
 		}
 		binary(&b, topic)
 	}
-	b.WriteString(") FOR UPDATE SKIP LOCKED")
+	b.WriteString(") LIMIT " + strconv.Itoa(limit) + " FOR UPDATE SKIP LOCKED")
 	return b.String()
 }
 
@@ -183,10 +184,11 @@ func keys(b *strings.Builder, t outbox.Table, ids []outbox.ID) {
 // Claim runs one short transaction: it settles p.Done (fenced, as in
 // Settle), then claims, then commits. Successes are settled first, so a
 // success whose lease lapsed is not claimed again by the same transaction.
-// The claim reads the next due rows with CandidatesSQL (no locks), locks
-// those still due that no one holds with ClaimSQL, and repeats from after
-// the last candidate while it has fewer than p.Limit rows and more may be
-// due (at most claimRounds rounds); then ClaimUpdateSQL marks the rows it
+// The claim reads twice as many of the next due rows as it still needs
+// with CandidatesSQL (no locks), locks those still due that no one holds
+// with ClaimSQL, up to the number it needs, and repeats from after the
+// last candidate while it has fewer than p.Limit rows and more may be due
+// (at most claimRounds rounds); then ClaimUpdateSQL marks the rows it
 // locked. It locks only the rows it takes (and rows another claim took
 // since its read, which it leaves as they are), so claims of one topic
 // never hold up claims of another, and publishers never wait for a claim.
@@ -235,7 +237,9 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 	var after Cursor
 	for range claimRounds {
 		need := p.Limit - len(out)
-		cands, err := candidates(ctx, tx, CandidatesSQL(t, p.Topics, after, need))
+		// Twice as many candidates as rows wanted: concurrent claims read
+		// the same first candidates, and each locks those left free.
+		cands, err := candidates(ctx, tx, CandidatesSQL(t, p.Topics, after, 2*need))
 		if err != nil || len(cands) == 0 {
 			if err != nil {
 				return nil, err
@@ -247,13 +251,13 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 		for i, c := range cands {
 			ids[i], order[c.ID] = c.ID, i
 		}
-		got, err := lockDue(ctx, tx, t, p, ids)
+		got, err := lockDue(ctx, tx, t, p, ids, need)
 		if err != nil {
 			return nil, err
 		}
 		slices.SortFunc(got, func(a, b outbox.Claimed) int { return order[a.ID] - order[b.ID] })
 		out = append(out, got...)
-		if len(out) >= p.Limit || len(cands) < need {
+		if len(out) >= p.Limit || len(cands) < 2*need {
 			break
 		}
 		after = cands[len(cands)-1]
@@ -301,9 +305,9 @@ func candidates(ctx context.Context, tx outbox.DB, q string) ([]Cursor, error) {
 }
 
 // lockDue runs ClaimSQL on the candidates ids and returns the rows it
-// locked, attempts as the claim's update will leave them.
-func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams, ids []outbox.ID) ([]outbox.Claimed, error) {
-	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, ids))
+// locked (at most limit), attempts as the claim's update will leave them.
+func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams, ids []outbox.ID, limit int) ([]outbox.Claimed, error) {
+	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, ids, limit))
 	if err != nil {
 		return nil, err
 	}

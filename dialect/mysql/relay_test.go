@@ -270,7 +270,7 @@ func relayStatements(tb outbox.Table, ids []outbox.ID) []relayStatement {
 		{"claim candidates", mysql.CandidatesSQL(tb, []string{"t1"}, mysql.Cursor{}, 100), "outbox_claim_idx"},
 		{"claim candidates after a cursor", mysql.CandidatesSQL(tb, []string{"t1"}, mysql.Cursor{At: 1, ID: ids[0]}, 100), "outbox_claim_idx"},
 		{"claim candidates of two topics", mysql.CandidatesSQL(tb, []string{"t1", "t2"}, mysql.Cursor{}, 100), "outbox_claim_idx"},
-		{"claim lock", mysql.ClaimSQL(tb, []string{"t1", "t2"}, ids), "PRIMARY"},
+		{"claim lock", mysql.ClaimSQL(tb, []string{"t1", "t2"}, ids, 2), "PRIMARY"},
 		{"claim update", updates[0], "PRIMARY"},
 		{"claim dead-letter", updates[1], "PRIMARY"},
 		{"fence lock", mysql.LockSQL(tb, ids), "PRIMARY"},
