@@ -17,24 +17,28 @@
 // relays poll, every [DefaultPollInterval] unless configured.
 //
 // The claim is one short transaction on the relay's pool (the pool must
-// implement [outbox.TxDB], as sqltx.Pool does): SELECT the due rows
-// ORDER BY claim_at, id LIMIT n FOR UPDATE SKIP LOCKED, UPDATE them, COMMIT,
-// before any handler runs. Settles, renewals and the successes a claim
-// carries lock their rows with SELECT ... FOR UPDATE first, so the fence
+// implement [outbox.TxDB], as sqltx.Pool does): a plain read (which takes
+// no locks) of the next due ids of the relay's topics through the claim
+// index (topic, claim_at, id), then SELECT ... FOR UPDATE SKIP LOCKED of
+// those ids by primary key, UPDATE, COMMIT, before any handler runs. Every
+// statement that reads or changes given rows (the claim's lock and update,
+// settles, renewals, the writes of redrive and purge) reaches them through
+// a derived table of ids joined by primary key ([KeysSQL]), never a
+// WHERE id IN (...) that the optimizer may turn into a scan, so a relay
+// locks only the rows it takes, settles or renews. Settles and renewals
+// lock their rows with SELECT ... FOR UPDATE where they must, so the fence
 // (id, attempts, state processing) is checked on rows nobody else can
 // change until the commit, and the fences that applied are known exactly
 // without UPDATE ... RETURNING.
 //
-// Under the default REPEATABLE READ, locking reads take next-key locks (the
-// row and the gap before it) on the index range they scan. A claim that
-// reaches the end of the due rows locks the gap after the last one, so a
-// publisher inserting a new row there waits for that claim's commit, a few
-// milliseconds. Two relay transactions can deadlock on these locks; InnoDB
-// then rolls one back (error 1213). The dialect runs the relay's own
-// transactions again on a deadlock or a lock wait timeout (1205), up to
-// Config.LockRetries times with a short backoff, and reports each rerun to
-// Config.OnLockRetry. It never retries the caller's statements: Publish
-// returns such errors (classified by [outbox.Dialect.Classify]).
+// Under the default REPEATABLE READ, locking reads of a missing row lock
+// the gap where it would be; the relay's locking reads name existing rows
+// by primary key, so publishers do not wait for claims. A relay
+// transaction that still loses a deadlock (error 1213) or times out
+// waiting for a lock (1205) is run again, up to Config.LockRetries times
+// with a short backoff, and each rerun is reported to Config.OnLockRetry.
+// The dialect never retries the caller's statements: Publish returns such
+// errors (classified by [outbox.Dialect.Classify]).
 //
 // The relay's statements carry their values as SQL literals (integers,
 // ids in their canonical form, and text as hexadecimal literals, topics
@@ -241,21 +245,6 @@ func binary(b *strings.Builder, s string) {
 // topicIs is the byte-exact comparison of the topic column with binary
 // literals: topicIs + "(X'...', ...)" or topicIs + "= X'...'".
 const topicIs = "CAST(topic AS BINARY) "
-
-// idList writes the ids as a parenthesised list of literals. Ids are
-// written in their canonical form, hexadecimal digits and dashes.
-func idList(b *strings.Builder, ids []outbox.ID) {
-	b.WriteByte('(')
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('\'')
-		b.WriteString(id.String())
-		b.WriteByte('\'')
-	}
-	b.WriteByte(')')
-}
 
 // micros writes d as an interval: INTERVAL n MICROSECOND.
 func micros(b *strings.Builder, d time.Duration) {

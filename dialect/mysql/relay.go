@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,54 +47,151 @@ func (d *dialect) inTx(ctx context.Context, db outbox.DB, op string, f func(tx o
 	}
 }
 
-// ClaimSQL returns the claim's locking read for table t: the due rows of
-// topics (compared byte for byte: the column's collation ignores trailing
-// spaces), in (available_at, id) order, at most limit, skipping rows other
-// transactions hold. claim_at is available_at for live rows and NULL for
-// terminal ones; the index on (claim_at, id) is forced so the scan walks the
-// due rows in order and stops after limit rows (a plan that sorted would
-// read, and under REPEATABLE READ lock, every due row).
-func ClaimSQL(t outbox.Table, topics []string, limit int) string {
+// claimRounds bounds the rounds of one claim: each round reads the next
+// due rows without locking them and locks those no other claim holds.
+const claimRounds = 4
+
+// CandidatesSQL returns the claim's first read: the ids of at most limit
+// due rows of topics after the cursor (after.ID zero: from the start), in
+// (claim_at, id) order, with claim_at in microseconds since 1970. It is a
+// plain read (a consistent read, which takes no locks), so it neither
+// locks other topics' rows nor gap locks that publishers' inserts would
+// wait on. The claim index (topic, claim_at, id) is forced and read once
+// per topic, so a claim walks only its own topics' rows, in order, and
+// stops after limit rows of each. topic = ... finds the index range (the
+// collation ignores trailing spaces); CAST(topic AS BINARY) keeps only the
+// topic's exact bytes.
+func CandidatesSQL(t outbox.Table, topics []string, after Cursor, limit int) string {
+	one := func(b *strings.Builder, topic string) {
+		b.WriteString("SELECT id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', claim_at) AS at FROM ")
+		b.WriteString(QuoteTable(t))
+		b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE topic = ")
+		text(b, topic)
+		b.WriteString(" AND " + topicIs + "= ")
+		binary(b, topic)
+		b.WriteString(" AND claim_at <= " + now)
+		if !after.ID.IsZero() {
+			at := "'1970-01-01' + INTERVAL " + strconv.FormatInt(after.At, 10) + " MICROSECOND"
+			b.WriteString(" AND claim_at >= " + at + " AND (claim_at > " + at + " OR id > '" + after.ID.String() + "')")
+		}
+		b.WriteString("\nORDER BY claim_at, id LIMIT " + strconv.Itoa(limit))
+	}
 	var b strings.Builder
-	b.WriteString("SELECT id, topic, message_key, payload, headers, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at)\nFROM ")
-	b.WriteString(QuoteTable(t))
-	b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE claim_at <= " + now + " AND " + topicIs + "IN (")
+	if len(topics) == 1 {
+		one(&b, topics[0])
+		return b.String()
+	}
+	b.WriteString("SELECT id, at FROM (")
+	for i, topic := range topics {
+		if i > 0 {
+			b.WriteString("\nUNION ALL ")
+		}
+		b.WriteByte('(')
+		one(&b, topic)
+		b.WriteByte(')')
+	}
+	b.WriteString(") AS c\nORDER BY at, id LIMIT " + strconv.Itoa(limit))
+	return b.String()
+}
+
+// Cursor is a position in claim order: a row's claim_at in microseconds
+// since 1970 and its id.
+type Cursor struct {
+	At int64
+	ID outbox.ID
+}
+
+// ClaimSQL returns the claim's locking read: at most limit of the
+// candidate rows ids that are still due and of topics, locked by primary
+// key (see [KeysSQL]), skipping rows other transactions hold. It locks only
+// rows it takes, and rows another claim has taken since the candidates
+// were read (it reads them to see that they are no longer due).
+func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID, limit int) string {
+	var b strings.Builder
+	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
+	keys(&b, t, ids)
+	b.WriteString("\nWHERE o.claim_at <= " + now + " AND CAST(o.topic AS BINARY) IN (")
 	for i, topic := range topics {
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		binary(&b, topic)
 	}
-	b.WriteString(")\nORDER BY claim_at, id LIMIT ")
-	b.WriteString(strconv.Itoa(limit))
-	b.WriteString(" FOR UPDATE SKIP LOCKED")
+	b.WriteString(") LIMIT " + strconv.Itoa(limit) + " FOR UPDATE SKIP LOCKED")
 	return b.String()
 }
 
-// ClaimUpdateSQL returns the claim's update of the rows its read locked:
-// attempts + 1, state processing and a lease on the database clock; a row
-// that already had maxAttempts attempts is dead-lettered instead, its
-// attempts unchanged. MySQL assigns left to right and a later assignment
-// sees the earlier ones, so attempts, which the others test, comes last.
-func ClaimUpdateSQL(t outbox.Table, ids []outbox.ID, lease time.Duration, maxAttempts int) string {
+// ClaimUpdateSQL returns the claim's updates of the rows its read locked:
+// live rows get attempts + 1, state processing and a lease on the database
+// clock; dead rows (those that already had max attempts) are dead-lettered,
+// their attempts unchanged. An empty group has no statement. Each
+// assignment reads only the row's old values: MySQL does not promise an
+// order of assignments in a multiple-table UPDATE.
+func ClaimUpdateSQL(t outbox.Table, live, dead []outbox.ID, lease time.Duration) []string {
+	var out []string
+	if len(live) > 0 {
+		var b strings.Builder
+		b.WriteString("UPDATE ")
+		keys(&b, t, live)
+		b.WriteString("\nSET o.state = 'processing', o.attempts = o.attempts + 1, o.available_at = " + now + " + ")
+		micros(&b, lease)
+		out = append(out, b.String())
+	}
+	if len(dead) > 0 {
+		var b strings.Builder
+		b.WriteString("UPDATE ")
+		keys(&b, t, dead)
+		b.WriteString("\nSET o.state = 'dead', o.last_error = 'max attempts reached', o.settled_at = " + now)
+		out = append(out, b.String())
+	}
+	return out
+}
+
+// KeysSQL returns how every relay statement that reads or changes given
+// rows reaches them: a derived table k of their ids joined, first, to the
+// table (as o) by primary key,
+//
+//	(SELECT _ascii'<id>' COLLATE ascii_bin AS id UNION ALL SELECT _ascii'<id>' ...) AS k
+//	STRAIGHT_JOIN `outbox` AS o FORCE INDEX (PRIMARY) ON o.id = k.id
+//
+// so each row is one unique lookup (eq_ref) and no other row is read or
+// locked. A plain WHERE id IN (...) does not promise this: on a small
+// table, or when the list is most of it, MariaDB scans the table, and a
+// locking scan locks (and waits for) every row it passes, such as a row a
+// publisher has just inserted or a duplicate publish holds.
+func KeysSQL(t outbox.Table, ids []outbox.ID) string {
 	var b strings.Builder
-	dead := "attempts >= " + strconv.Itoa(maxAttempts)
-	b.WriteString("UPDATE " + QuoteTable(t) + " SET\n")
-	b.WriteString("    last_error   = CASE WHEN " + dead + " THEN 'max attempts reached' ELSE last_error END,\n")
-	b.WriteString("    settled_at   = CASE WHEN " + dead + " THEN " + now + " END,\n")
-	b.WriteString("    available_at = CASE WHEN " + dead + " THEN available_at ELSE " + now + " + ")
-	micros(&b, lease)
-	b.WriteString(" END,\n")
-	b.WriteString("    state        = CASE WHEN " + dead + " THEN 'dead' ELSE 'processing' END,\n")
-	b.WriteString("    attempts     = CASE WHEN " + dead + " THEN attempts ELSE attempts + 1 END\nWHERE id IN ")
-	idList(&b, ids)
+	keys(&b, t, ids)
 	return b.String()
+}
+
+func keys(b *strings.Builder, t outbox.Table, ids []outbox.ID) {
+	b.WriteByte('(')
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString("SELECT _ascii'")
+		b.WriteString(id.String())
+		b.WriteByte('\'')
+		if i == 0 {
+			b.WriteString(" COLLATE ascii_bin AS id")
+		}
+	}
+	b.WriteString(") AS k STRAIGHT_JOIN " + QuoteTable(t) + " AS o FORCE INDEX (PRIMARY) ON o.id = k.id")
 }
 
 // Claim runs one short transaction: it settles p.Done (fenced, as in
-// Settle), reads the due rows with ClaimSQL and updates them with
-// ClaimUpdateSQL, then commits. Successes are settled first, so a success
-// whose lease lapsed is not claimed again by the same transaction.
+// Settle), then claims, then commits. Successes are settled first, so a
+// success whose lease lapsed is not claimed again by the same transaction.
+// The claim reads twice as many of the next due rows as it still needs
+// with CandidatesSQL (no locks), locks those still due that no one holds
+// with ClaimSQL, up to the number it needs, and repeats from after the
+// last candidate while it has fewer than p.Limit rows and more may be due
+// (at most claimRounds rounds); then ClaimUpdateSQL marks the rows it
+// locked. It locks only the rows it takes (and rows another claim took
+// since its read, which it leaves as they are), so claims of one topic
+// never hold up claims of another, and publishers never wait for a claim.
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
 	var claimed []outbox.Claimed
 	var done []outbox.Fence
@@ -135,7 +233,81 @@ func (d *dialect) fenced(ctx context.Context, db outbox.DB, op string, f func(tx
 }
 
 func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, p.Limit))
+	var out []outbox.Claimed
+	var after Cursor
+	for range claimRounds {
+		need := p.Limit - len(out)
+		// Twice as many candidates as rows wanted: concurrent claims read
+		// the same first candidates, and each locks those left free.
+		cands, err := candidates(ctx, tx, CandidatesSQL(t, p.Topics, after, 2*need))
+		if err != nil || len(cands) == 0 {
+			if err != nil {
+				return nil, err
+			}
+			break
+		}
+		ids := make([]outbox.ID, len(cands))
+		order := make(map[outbox.ID]int, len(cands))
+		for i, c := range cands {
+			ids[i], order[c.ID] = c.ID, i
+		}
+		got, err := lockDue(ctx, tx, t, p, ids, need)
+		if err != nil {
+			return nil, err
+		}
+		slices.SortFunc(got, func(a, b outbox.Claimed) int { return order[a.ID] - order[b.ID] })
+		out = append(out, got...)
+		if len(out) >= p.Limit || len(cands) < 2*need {
+			break
+		}
+		after = cands[len(cands)-1]
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	var live, dead []outbox.ID
+	for i := range out {
+		if out[i].Dead {
+			dead = append(dead, out[i].ID)
+		} else {
+			live = append(live, out[i].ID)
+		}
+	}
+	for _, q := range ClaimUpdateSQL(t, live, dead, p.Lease) {
+		if err := exec(ctx, tx, q); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// candidates runs a CandidatesSQL read.
+func candidates(ctx context.Context, tx outbox.DB, q string) ([]Cursor, error) {
+	rows, err := tx.QueryDB(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	var out []Cursor
+	for rows.Next() {
+		var c Cursor
+		var id string
+		if err := rows.Scan(&id, &c.At); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if c.ID, err = outbox.ParseID(id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, closeRows(rows)
+}
+
+// lockDue runs ClaimSQL on the candidates ids and returns the rows it
+// locked (at most limit), attempts as the claim's update will leave them.
+func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams, ids []outbox.ID, limit int) ([]outbox.Claimed, error) {
+	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, ids, limit))
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +327,7 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 		}
 		c.Key = key.String
 		c.CreatedAt = time.UnixMicro(created).UTC()
-		// The rows are locked: the update below sees these attempts.
+		// The rows are locked: the update sees these attempts.
 		if c.Attempts >= p.MaxAttempts {
 			c.Dead = true
 		} else {
@@ -164,16 +336,6 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 		out = append(out, c)
 	}
 	if err := closeRows(rows); err != nil {
-		return nil, err
-	}
-	if len(out) == 0 {
-		return nil, nil
-	}
-	ids := make([]outbox.ID, len(out))
-	for i := range out {
-		ids[i] = out[i].ID
-	}
-	if err := exec(ctx, tx, ClaimUpdateSQL(t, ids, p.Lease, p.MaxAttempts)); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -198,12 +360,13 @@ func exec(ctx context.Context, db outbox.DB, q string) error {
 }
 
 // LockSQL returns the locking read that fences settles and renewals: the
-// current attempts and state of the rows ids, locked until the commit.
+// current attempts and state of the rows ids, locked until the commit,
+// reached by primary key (see [KeysSQL]).
 func LockSQL(t outbox.Table, ids []outbox.ID) string {
 	var b strings.Builder
-	b.WriteString("SELECT id, attempts, state FROM " + QuoteTable(t) + " WHERE id IN ")
-	idList(&b, ids)
-	b.WriteString(" AND state IN ('processing', 'dead') FOR UPDATE")
+	b.WriteString("SELECT o.id, o.attempts, o.state FROM ")
+	keys(&b, t, ids)
+	b.WriteString(" WHERE o.state IN ('processing', 'dead') FOR UPDATE")
 	return b.String()
 }
 
@@ -311,18 +474,22 @@ func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettlePa
 // pending again at their new time, dead rows marked dead (or deleted with
 // p.DiscardDead), each only where the row still has the settlement's
 // attempts and state processing (or dead, for a dead-lettered row deleted
-// with p.DiscardDead). An empty group has no statement.
+// with p.DiscardDead). An empty group has no statement. Each reaches its
+// rows by primary key (see [KeysSQL]), so it never waits for a lock on
+// another row, and reads only old values in its assignments.
 func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox.Settlement) []string {
-	tbl := QuoteTable(t)
 	var out []string
+	// from starts a statement on the rows of s, by primary key.
+	from := func(b *strings.Builder, s []outbox.Settlement, verb string) {
+		b.WriteString(verb)
+		keys(b, t, settlementIDs(s))
+	}
 	where := func(b *strings.Builder, s []outbox.Settlement, states string) {
-		b.WriteString(" WHERE id IN ")
-		idList(b, settlementIDs(s))
-		b.WriteString(" AND state IN (" + states + ") AND ")
+		b.WriteString(" WHERE o.state IN (" + states + ") AND ")
 		if same := sameAttempts(s); same >= 0 {
-			b.WriteString("attempts = " + strconv.Itoa(same))
+			b.WriteString("o.attempts = " + strconv.Itoa(same))
 		} else {
-			b.WriteString("(id, attempts) IN (")
+			b.WriteString("(o.id, o.attempts) IN (")
 			for i := range s {
 				if i > 0 {
 					b.WriteByte(',')
@@ -339,17 +506,19 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 	for _, group := range sqlbuild.ByAttempts(done) {
 		var b strings.Builder
 		if p.KeepDelivered {
-			b.WriteString("UPDATE " + tbl + " SET settled_at = " + now + ", last_error = NULL, state = 'delivered'")
+			from(&b, group, "UPDATE ")
+			b.WriteString(" SET o.settled_at = " + now + ", o.last_error = NULL, o.state = 'delivered'")
 		} else {
-			b.WriteString("DELETE FROM " + tbl)
+			from(&b, group, "DELETE o FROM ")
 		}
 		where(&b, group, "'processing'")
 	}
 	if len(retry) > 0 {
 		var b strings.Builder
-		b.WriteString("UPDATE " + tbl + " SET\n    last_error = ")
+		from(&b, retry, "UPDATE ")
+		b.WriteString(" SET\n    o.last_error = ")
 		byID(&b, retry, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
-		b.WriteString(",\n    available_at = ")
+		b.WriteString(",\n    o.available_at = ")
 		byID(&b, retry, func(b *strings.Builder, x *outbox.Settlement) {
 			if x.At.IsZero() {
 				b.WriteString(now + " + ")
@@ -360,7 +529,7 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 			b.WriteString(clampTime(x.At).Format(datetime))
 			b.WriteString("')")
 		})
-		b.WriteString(",\n    state = 'pending'\n")
+		b.WriteString(",\n    o.state = 'pending'\n")
 		where(&b, retry, "'processing'")
 	}
 	if len(dead) > 0 {
@@ -369,11 +538,12 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 		if p.DiscardDead {
 			// A row dead-lettered at claim is deleted from state dead.
 			states = "'processing', 'dead'"
-			b.WriteString("DELETE FROM " + tbl)
+			from(&b, dead, "DELETE o FROM ")
 		} else {
-			b.WriteString("UPDATE " + tbl + " SET\n    last_error = ")
+			from(&b, dead, "UPDATE ")
+			b.WriteString(" SET\n    o.last_error = ")
 			byID(&b, dead, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
-			b.WriteString(",\n    settled_at = " + now + ",\n    state = 'dead'\n")
+			b.WriteString(",\n    o.settled_at = " + now + ",\n    o.state = 'dead'\n")
 		}
 		where(&b, dead, states)
 	}
@@ -392,7 +562,7 @@ func sameAttempts(s []outbox.Settlement) int {
 
 // byID writes a CASE on id giving each settlement's value.
 func byID(b *strings.Builder, s []outbox.Settlement, value func(b *strings.Builder, x *outbox.Settlement)) {
-	b.WriteString("CASE id")
+	b.WriteString("CASE o.id")
 	for i := range s {
 		b.WriteString(" WHEN '")
 		b.WriteString(s[i].ID.String())
@@ -422,13 +592,14 @@ func clampTime(t time.Time) time.Time {
 	return t
 }
 
-// RenewSQL returns the lease renewal of locked rows whose fences hold.
+// RenewSQL returns the lease renewal of locked rows whose fences hold, by
+// primary key (see [KeysSQL]).
 func RenewSQL(t outbox.Table, ids []outbox.ID, lease time.Duration) string {
 	var b strings.Builder
-	b.WriteString("UPDATE " + QuoteTable(t) + " SET available_at = " + now + " + ")
+	b.WriteString("UPDATE ")
+	keys(&b, t, ids)
+	b.WriteString(" SET o.available_at = " + now + " + ")
 	micros(&b, lease)
-	b.WriteString(" WHERE id IN ")
-	idList(&b, ids)
 	return b.String()
 }
 
@@ -513,7 +684,7 @@ func (d *dialect) batched(ctx context.Context, db outbox.DB, op, find string, wr
 // RedriveSQL returns the redrive of dead rows of topic ("" for all): find
 // lists dead rows (dead rows have settled_at set, so the settled_at index
 // can find them), revive makes those of ids still dead pending again, due
-// now, with zero attempts.
+// now, with zero attempts, by primary key (see [KeysSQL]).
 func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []outbox.ID) string) {
 	var cond strings.Builder
 	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'")
@@ -521,13 +692,12 @@ func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []ou
 		cond.WriteString(" AND " + topicIs + "= ")
 		binary(&cond, topic)
 	}
-	tbl := QuoteTable(t)
-	find = "SELECT id FROM " + tbl + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
+	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
 	return find, func(ids []outbox.ID) string {
 		var b strings.Builder
-		b.WriteString("UPDATE " + tbl + " SET state = 'pending', attempts = 0, available_at = " + now + ", settled_at = NULL, last_error = NULL\nWHERE id IN ")
-		idList(&b, ids)
-		b.WriteString(" AND " + cond.String())
+		b.WriteString("UPDATE ")
+		keys(&b, t, ids)
+		b.WriteString("\nSET o.state = 'pending', o.attempts = 0, o.available_at = " + now + ", o.settled_at = NULL, o.last_error = NULL\nWHERE " + cond.String())
 		return b.String()
 	}
 }
@@ -543,7 +713,8 @@ const maxAge = 200 * 365 * 24 * time.Hour
 
 // PurgeSQL returns the purge of rows in states settled more than olderThan
 // ago: find lists such rows (through the settled_at index when they are
-// few), remove deletes those of ids that still qualify.
+// few), remove deletes those of ids that still qualify, by primary key
+// (see [KeysSQL]).
 func PurgeSQL(t outbox.Table, states []outbox.State, olderThan time.Duration) (find string, remove func(ids []outbox.ID) string) {
 	var cond strings.Builder
 	cond.WriteString("state IN (")
@@ -564,13 +735,12 @@ func PurgeSQL(t outbox.Table, states []outbox.State, olderThan time.Duration) (f
 	cond.WriteString(") AND settled_at < " + now + " - ")
 	// Forever and other huge ages: keep the date within DATETIME's range.
 	micros(&cond, min(olderThan, maxAge))
-	tbl := QuoteTable(t)
-	find = "SELECT id FROM " + tbl + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
+	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
 	return find, func(ids []outbox.ID) string {
 		var b strings.Builder
-		b.WriteString("DELETE FROM " + tbl + " WHERE id IN ")
-		idList(&b, ids)
-		b.WriteString(" AND " + cond.String())
+		b.WriteString("DELETE o FROM ")
+		keys(&b, t, ids)
+		b.WriteString(" WHERE " + cond.String())
 		return b.String()
 	}
 }
