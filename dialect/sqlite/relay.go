@@ -98,11 +98,11 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 		var err error
 		done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, outbox.SettleDone, sqlbuild.Successes(p.Done))
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, d.Classify(err)
 		}
 	}
 	claimed, err := d.claim(ctx, db, t, p)
-	return claimed, done, err
+	return claimed, done, d.Classify(err)
 }
 
 func (d *dialect) claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
@@ -232,7 +232,7 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 		got, err := d.settleKind(ctx, db, t, p, group[0].Kind, group)
 		applied = append(applied, got...)
 		if err != nil {
-			return applied, fmt.Errorf("settle: %w", err)
+			return applied, fmt.Errorf("settle: %w", d.Classify(err))
 		}
 	}
 	return applied, nil
@@ -246,7 +246,8 @@ func RenewSQL(t outbox.Table) string {
 }
 
 func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return sqlbuild.Fences(ctx, prepared(db), d.texts.renew.Get(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
+	kept, err := sqlbuild.Fences(ctx, prepared(db), d.texts.renew.Get(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
+	return kept, d.Classify(err)
 }
 
 // count runs a statement and counts the rows it returns.
