@@ -17,20 +17,28 @@ import (
 // recommendedDSN is the options the package documentation recommends.
 const recommendedDSN = "?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
 
+// openFile opens the SQLite file path with the DSN options opts, migrated,
+// closed when tb ends.
+func openFile(tb testing.TB, path, opts string) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	if err := sqlite.Migrate(context.Background(), db, ""); err != nil {
+		tb.Fatal(err)
+	}
+	return db
+}
+
 // readThenPublish runs publishers goroutines for d, each running
 // transactions that read, publish, then commit, and returns the errors they
 // met (at most one per transaction) and the number of commits.
 func readThenPublish(t *testing.T, dsn string, publishers int, d time.Duration) (errs []error, commits int) {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "r.db")+dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openFile(t, filepath.Join(t.TempDir(), "r.db"), dsn)
 	ctx := context.Background()
-	if err := sqlite.Migrate(ctx, db, ""); err != nil {
-		t.Fatal(err)
-	}
 	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -102,4 +110,66 @@ func TestReadThenPublish(t *testing.T) {
 			t.Errorf("transaction failed: %v", err)
 		}
 	})
+}
+
+// TestRelayStatementsWaitOutBusy: a claim, a renewal and a settle that meet
+// SQLITE_BUSY after the busy timeout (50 ms here; another connection holds
+// the write lock for 400 ms) run again and succeed once the lock is free;
+// a claim whose context ends first fails with the context's error.
+func TestRelayStatementsWaitOutBusy(t *testing.T) {
+	ctx := context.Background()
+	db := openFile(t, filepath.Join(t.TempDir(), "w.db"), "?_txlock=immediate&_pragma=busy_timeout(50)&_pragma=journal_mode(WAL)")
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
+	publish(t, db, ob, outbox.Message{Topic: "t", Payload: []byte(`{}`)})
+	d := sqlite.Dialect().(outbox.RelayDialect)
+	pool := sqltx.Pool(db)
+	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
+
+	// hold takes the write lock on a connection of its own and gives it up
+	// after d.
+	hold := func(d time.Duration) {
+		t.Helper()
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			t.Fatal(err)
+		}
+		time.AfterFunc(d, func() {
+			_, _ = conn.ExecContext(ctx, "COMMIT")
+			conn.Close()
+		})
+	}
+
+	hold(400 * time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+	_, _, err := d.Claim(short, pool, outbox.Table{Name: "outbox"}, p)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("claim whose context ended while the lock was held: got %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	time.Sleep(300 * time.Millisecond) // the lock is free again
+
+	hold(400 * time.Millisecond)
+	claimed, _, err := d.Claim(ctx, pool, outbox.Table{Name: "outbox"}, p)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %d claimed, %v", len(claimed), err)
+	}
+	f := outbox.Fence{ID: claimed[0].ID, Attempts: claimed[0].Attempts}
+
+	hold(400 * time.Millisecond)
+	kept, err := d.Renew(ctx, pool, outbox.Table{Name: "outbox"}, time.Minute, []outbox.Fence{f})
+	if err != nil || len(kept) != 1 {
+		t.Fatalf("renew: %d kept, %v", len(kept), err)
+	}
+
+	hold(400 * time.Millisecond)
+	applied, err := d.Settle(ctx, pool, outbox.Table{Name: "outbox"}, outbox.SettleParams{}, []outbox.Settlement{{Fence: f, Kind: outbox.SettleDone}})
+	if err != nil || len(applied) != 1 {
+		t.Fatalf("settle: %d applied, %v", len(applied), err)
+	}
+	if n := count(t, db, "outbox"); n != 0 {
+		t.Errorf("%d rows left after the settle", n)
+	}
 }
