@@ -23,7 +23,12 @@
 // switching a new file to WAL takes a lock that connections opening at the
 // same time must wait for).
 //
-// SQLite allows one writer at a time; ids are stored as the canonical UUID
+// SQLite allows one writer at a time, and its write lock has no queue: under
+// sustained writes a connection can wait out the whole busy timeout. The
+// relay's statements then run again until the relay's CommandTimeout ends;
+// a renewal that waits longer than a third of the lease loses the lease, so
+// keep RelayConfig.Lease at least three times the busy timeout (the
+// default, 30s, is six times 5s). Ids are stored as the canonical UUID
 // text of the message id, which sorts by time and reads back as
 // [outbox.ID.String] prints it. Qualified table names ("schema.name") are
 // not supported: use an unqualified name.
