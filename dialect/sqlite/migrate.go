@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -43,13 +42,6 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 		case <-time.After(backoff.Policy{Base: 5 * time.Millisecond, Cap: 200 * time.Millisecond, Jitter: 1}.Delay(attempt)):
 		}
 	}
-}
-
-// busy reports whether err is SQLITE_BUSY, from a driver whose errors tell
-// their result code (modernc.org/sqlite's do).
-func busy(err error) bool {
-	var coded interface{ Code() int }
-	return errors.As(err, &coded) && coded.Code()&0xff == 5
 }
 
 func migrateOnce(ctx context.Context, db *sql.DB, t outbox.Table, migs []migrations.Migration) (err error) {

@@ -20,7 +20,7 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-const dsnOpts = "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+const dsnOpts = "?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
 
 // TestTwoProcesses: two relays in separate processes on one SQLite file
 // (WAL) deliver 5,000 messages, each exactly once, and neither logs an

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/backoff"
 	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -39,22 +40,50 @@ WHERE rowid IN (
 RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, state, created_at`
 }
 
-// prepared returns db running its statements prepared, when it can: SQLite
-// parses a statement in the caller's process, and the claim and settle
-// statements are long, so parsing each of them once saves a fifth of the
-// claim's cost.
-func prepared(db outbox.DB) outbox.DB {
+// relayDB returns db as the relay's statements run on it: prepared, when db
+// can (SQLite parses a statement in the caller's process, and the claim and
+// settle statements are long, so parsing each of them once saves a fifth
+// of the claim's cost), and started over when SQLite answers SQLITE_BUSY.
+func relayDB(db outbox.DB) outbox.DB {
+	run := db.QueryDB
 	if p, ok := db.(outbox.PreparedDB); ok {
-		return preparedDB{p}
+		run = p.QueryPrepared
 	}
-	return db
+	return retryDB(run)
 }
 
-type preparedDB struct{ outbox.PreparedDB }
+// retryDB runs each statement with run, again while it fails with
+// SQLITE_BUSY, after a pause of a few milliseconds, until ctx ends (its
+// error then wraps ctx.Err()).
+//
+// Each relay statement runs alone, in autocommit, so one that failed with
+// SQLITE_BUSY changed nothing and can run again. SQLite's lock has no
+// queue: a waiting connection polls it, at intervals that grow to 100 ms
+// (SQLite's busy handler), and under sustained writes a connection that
+// has waited long polls least often and can wait out the whole busy
+// timeout while others take the lock. Starting over restarts the polls at
+// 1 ms, and the relay keeps its claims, outcomes and renewals coming for
+// as long as its command timeout allows, rather than failing them.
+type retryDB func(ctx context.Context, query string, args ...any) (outbox.Rows, error)
 
-func (p preparedDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
-	return p.QueryPrepared(ctx, query, args...)
+func (run retryDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+	for attempt := 1; ; attempt++ {
+		rows, err := run(ctx, query, args...)
+		if err == nil || !busy(err) {
+			return rows, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", ctx.Err(), err)
+		case <-time.After(busyPause.Delay(attempt)):
+		}
+	}
 }
+
+// busyPause is the pause before a relay statement runs again after
+// SQLITE_BUSY: short, since the busy timeout has been waited out already
+// (or SQLite answered at once where waiting could deadlock).
+var busyPause = backoff.Policy{Base: time.Millisecond, Cap: 20 * time.Millisecond, Jitter: 1}
 
 func jsonText(v any) string {
 	b, err := json.Marshal(v)
@@ -92,17 +121,17 @@ func newTexts() relayTexts {
 // is cheap (WAL), and each statement takes the write lock on its own, so
 // there is nothing to gain from one transaction for both.
 func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
-	db = prepared(db)
+	db = relayDB(db)
 	var done []outbox.Fence
 	if len(p.Done) > 0 {
 		var err error
 		done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, outbox.SettleDone, sqlbuild.Successes(p.Done))
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, d.Classify(err)
 		}
 	}
 	claimed, err := d.claim(ctx, db, t, p)
-	return claimed, done, err
+	return claimed, done, d.Classify(err)
 }
 
 func (d *dialect) claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
@@ -222,7 +251,7 @@ func idList(s []outbox.Settlement) string {
 }
 
 func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
-	db = prepared(db)
+	db = relayDB(db)
 	done, retry, dead := sqlbuild.ByKind(s)
 	var applied []outbox.Fence
 	for _, group := range [][]outbox.Settlement{done, retry, dead} {
@@ -232,7 +261,7 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 		got, err := d.settleKind(ctx, db, t, p, group[0].Kind, group)
 		applied = append(applied, got...)
 		if err != nil {
-			return applied, fmt.Errorf("settle: %w", err)
+			return applied, fmt.Errorf("settle: %w", d.Classify(err))
 		}
 	}
 	return applied, nil
@@ -246,7 +275,8 @@ func RenewSQL(t outbox.Table) string {
 }
 
 func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
-	return sqlbuild.Fences(ctx, prepared(db), d.texts.renew.Get(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
+	kept, err := sqlbuild.Fences(ctx, relayDB(db), d.texts.renew.Get(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
+	return kept, d.Classify(err)
 }
 
 // count runs a statement and counts the rows it returns.

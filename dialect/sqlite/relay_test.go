@@ -141,7 +141,7 @@ func TestRelayOutcomes(t *testing.T) {
 // message once.
 func TestRelaysShareOneFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "shared.db")
-	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+	dsn := "file:" + path + dsnOpts
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -8,20 +8,35 @@
 // notifications, so relays find messages by polling.
 //
 // Use it through database/sql and adapters/sqltx with a pure-Go driver such
-// as modernc.org/sqlite (no cgo). Open the database in WAL mode with a busy
-// timeout, busy timeout first (the driver applies the pragmas in order, and
+// as modernc.org/sqlite (no cgo). Open the database with immediate
+// transactions, a busy timeout and WAL mode:
+//
+//	sql.Open("sqlite", "file:app.db?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+//
+// _txlock=immediate makes every read-write transaction begin with BEGIN
+// IMMEDIATE, which takes the write lock at once, waiting up to the busy
+// timeout for it. Without it a transaction that reads before it publishes
+// fails with SQLITE_BUSY at once, without waiting, whenever another
+// connection wrote since the read ([ErrBusy] says so); read-only
+// transactions (sql.TxOptions{ReadOnly: true}) still begin deferred. The
+// busy timeout comes first (the driver applies it before the other pragmas:
 // switching a new file to WAL takes a lock that connections opening at the
-// same time must wait for), for example
+// same time must wait for).
 //
-//	sql.Open("sqlite", "file:app.db?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
-//
-// SQLite allows one writer at a time; ids are stored as the canonical UUID
+// SQLite allows one writer at a time, and its write lock has no queue: under
+// sustained writes a connection can wait out the whole busy timeout. The
+// relay's statements then run again until the relay's CommandTimeout ends;
+// a renewal that waits longer than a third of the lease loses the lease, so
+// keep RelayConfig.Lease at least three times the busy timeout (the
+// default, 30s, is six times 5s). Ids are stored as the canonical UUID
 // text of the message id, which sorts by time and reads back as
 // [outbox.ID.String] prints it. Qualified table names ("schema.name") are
 // not supported: use an unqualified name.
 package sqlite
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -97,6 +112,36 @@ func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (stri
 	return d.insert.Build(QuoteTable(t), t, rows, outbox.Wake{}, func(b []byte) any { return string(b) })
 }
 
-// Classify returns err unchanged: SQLite reports these conditions only by
-// message text, and oncommit does not match errors by text.
-func (*dialect) Classify(err error) error { return err }
+// ErrBusy is wrapped, with the driver's error, by the errors Publish and
+// the relay's statements return when SQLite answers SQLITE_BUSY (or one of
+// its extended codes, such as SQLITE_BUSY_SNAPSHOT): another connection held
+// the write lock. Roll the transaction back and run it again.
+//
+// A transaction that reads before it writes gets it at once, whatever the
+// busy timeout, unless it began with BEGIN IMMEDIATE: SQLite cannot upgrade
+// a read to a write once another connection has written since the read
+// began. Open the database with _txlock=immediate (see the package
+// documentation) so that every read-write transaction takes the write lock
+// when it begins, waiting up to the busy timeout. With it, ErrBusy means the
+// lock stayed taken for longer than the busy timeout.
+var ErrBusy = errors.New("outbox: SQLite database is busy (SQLITE_BUSY): roll back and retry the transaction; open the database with _txlock=immediate so that transactions wait for the write lock")
+
+// busy reports whether err is SQLITE_BUSY or one of its extended codes
+// (the primary code is the low byte), from a driver whose errors tell their
+// result code (modernc.org/sqlite's do).
+func busy(err error) bool {
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 5
+}
+
+// Classify wraps SQLITE_BUSY, from a driver whose errors tell their result
+// code through a Code() int method (modernc.org/sqlite's *sqlite.Error
+// does), with [ErrBusy]. Other errors are returned unchanged: SQLite reports
+// a missing table or a read-only transaction only by message text, and
+// oncommit does not match errors by text.
+func (*dialect) Classify(err error) error {
+	if err == nil || !busy(err) || errors.Is(err, ErrBusy) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrBusy, err)
+}

@@ -19,7 +19,7 @@ import (
 func open(t *testing.T) (*sql.DB, *outbox.Outbox) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "app.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	db, err := sql.Open("sqlite", "file:"+path+dsnOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func migrateConcurrent(t *testing.T, path string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+			db, err := sql.Open("sqlite", "file:"+path+dsnOpts)
 			if err != nil {
 				errs <- err
 				return

@@ -41,7 +41,10 @@ func run(ctx context.Context) error {
 	fmt.Println("oncommit quick start: the transactional outbox on SQLite")
 	fmt.Println("database file:", path)
 
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	// _txlock=immediate: a transaction takes SQLite's write lock when it
+	// begins, waiting up to the busy timeout, instead of failing with
+	// SQLITE_BUSY when it first writes after reading (see the sqlite package).
+	db, err := sql.Open("sqlite", "file:"+path+"?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
 	if err != nil {
 		return err
 	}
