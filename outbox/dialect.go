@@ -184,8 +184,9 @@ type RelayDialect interface {
 	// one statement (or one short transaction) that commits before it
 	// returns: each claimed row gets state processing, attempts + 1 and a
 	// lease of p.Lease on the database clock. A row that already had
-	// p.MaxAttempts attempts is dead-lettered instead and returned with
-	// Dead set, without its attempts growing.
+	// p.MaxAttempts attempts since its last redrive (attempts -
+	// attempts_base >= p.MaxAttempts) is dead-lettered instead and
+	// returned with Dead set, without its attempts growing.
 	//
 	// It also settles p.Done as successes (fenced as in Settle) and returns
 	// the fences that applied: under load the relay writes its outcomes with
@@ -203,7 +204,11 @@ type RelayDialect interface {
 	Renew(ctx context.Context, db DB, t Table, lease time.Duration, held []Fence) ([]Fence, error)
 
 	// Redrive makes dead messages (of topic, or all when topic is "")
-	// pending again with zero attempts, and returns how many.
+	// pending again, due now, and returns how many. It keeps attempts (a
+	// fence must never repeat: a stale relay's late outcome of an earlier
+	// claim must not match a claim made after the redrive) and sets
+	// attempts_base to attempts, so the message gets MaxAttempts new
+	// attempts.
 	Redrive(ctx context.Context, db DB, t Table, topic string) (int64, error)
 
 	// Purge deletes messages in the given terminal states settled more than
@@ -251,13 +256,20 @@ type ClaimParams struct {
 
 // Claimed is a row returned by [RelayDialect.Claim].
 type Claimed struct {
-	ID        ID
-	Topic     string
-	Key       string
-	Payload   []byte
-	Headers   []byte
-	Attempts  int
-	CreatedAt time.Time
+	ID      ID
+	Topic   string
+	Key     string
+	Payload []byte
+	Headers []byte
+	// Attempts is the row's attempts column after the claim: the claims of
+	// the message ever made, never reset (Redrive keeps it), so that with
+	// ID it fences this claim and no later one.
+	Attempts int
+	// AttemptsBase is the row's attempts_base column: Attempts when the
+	// message was last redriven, 0 if never. The attempt the handler sees,
+	// and the one MaxAttempts bounds, is Attempts - AttemptsBase.
+	AttemptsBase int
+	CreatedAt    time.Time
 	// Dead is true when the claim dead-lettered the row (max attempts).
 	Dead bool
 }

@@ -556,7 +556,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			j := &batch[i]
 			if j.c.Dead {
 				c := j.c
-				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts)
+				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase)
 				if r.cfg.DiscardDead {
 					r.send(Settlement{Fence: Fence{c.ID, c.Attempts}, Kind: SettleDead, Error: "max attempts reached"})
 				}
@@ -798,7 +798,7 @@ func (r *Relay) deliver(j *job) {
 		r.inflightMu.Unlock()
 	}()
 
-	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts, CreatedAt: c.CreatedAt}
+	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts - c.AttemptsBase, CreatedAt: c.CreatedAt}
 	var err error
 	if len(c.Headers) > 0 {
 		if jerr := json.Unmarshal(c.Headers, &d.Headers); jerr != nil {
@@ -835,27 +835,28 @@ func (r *Relay) outcome(c *Claimed, err error) Settlement {
 // failure is outcome for a handler that did not succeed (apart, so that a
 // success allocates nothing for the error checks).
 func (r *Relay) failure(c *Claimed, s Settlement, err error) Settlement {
+	attempt := c.Attempts - c.AttemptsBase // since the last redrive
 	var retry *RetryError
 	var cancel *CancelError
 	switch {
 	case errors.As(err, &cancel):
 		s.Kind, s.Error = SettleDead, cleanError(err)
-		r.log.Warn("outbox: message cancelled; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "err", err)
+		r.log.Warn("outbox: message cancelled; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", attempt, "err", err)
 		return s
 	}
 	s.Error = cleanError(err)
-	if c.Attempts >= r.cfg.MaxAttempts {
+	if attempt >= r.cfg.MaxAttempts {
 		s.Kind = SettleDead
-		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "err", err)
+		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", attempt, "err", err)
 		return s
 	}
 	s.Kind = SettleRetry
 	if errors.As(err, &retry) {
 		s.Delay, s.At = retry.After, retry.At
 	} else {
-		s.Delay = r.retry.Delay(c.Attempts)
+		s.Delay = r.retry.Delay(attempt)
 	}
-	r.log.Info("outbox: handler failed; retrying", "id", c.ID, "topic", c.Topic, "attempt", c.Attempts, "retry_in", s.Delay, "err", err)
+	r.log.Info("outbox: handler failed; retrying", "id", c.ID, "topic", c.Topic, "attempt", attempt, "retry_in", s.Delay, "err", err)
 	return s
 }
 
