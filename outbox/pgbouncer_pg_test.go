@@ -74,6 +74,17 @@ func openSQL(t *testing.T, driverName, url string) *sql.DB {
 	return db
 }
 
+// pgxBegin begins business transactions on p.
+func pgxBegin(t *testing.T, p *pgxpool.Pool) func(context.Context) (txn, error) {
+	return func(ctx context.Context) (txn, error) {
+		tx, err := p.Begin(ctx)
+		if err != nil {
+			return txn{}, err
+		}
+		return pgxTxFrom(tx, t), nil
+	}
+}
+
 func bouncerPaths() []bouncerPath {
 	sqlPath := func(name, driverName, params string) bouncerPath {
 		return bouncerPath{name, func(t *testing.T, url string) (func(context.Context) (txn, error), outbox.DB) {
@@ -95,18 +106,7 @@ func bouncerPaths() []bouncerPath {
 	return []bouncerPath{
 		{"pgxpool", func(t *testing.T, url string) (func(context.Context) (txn, error), outbox.DB) {
 			p := bouncerPool(t, url)
-			return func(ctx context.Context) (txn, error) {
-				tx, err := p.Begin(ctx)
-				if err != nil {
-					return txn{}, err
-				}
-				return txn{
-					tx:       pgxtx.From(tx),
-					exec:     func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err },
-					commit:   func() error { return tx.Commit(ctx) },
-					rollback: func() error { return tx.Rollback(ctx) },
-				}, nil
-			}, pgxtx.Pool(p)
+			return pgxBegin(t, p), pgxtx.Pool(p)
 		}},
 		sqlPath("pgxstdlib", "pgx", pgxStdlibParams),
 		sqlPath("libpq", "postgres", libpqParams),
@@ -128,7 +128,7 @@ const (
 // still delivers everything by polling.
 //
 // Each setting is needed: with pgx's default QueryExecModeCacheStatement,
-// a third to two thirds of the transactions fail (42P05 or 26000 on
+// a fifth to two thirds of the transactions failed (42P05 or 26000 on
 // "stmtcache_..."); with QueryExecModeDescribeExec, or lib/pq without
 // binary_parameters, publishing passes (a transaction keeps its server
 // connection) but the relay's claims and settles, which run outside a
@@ -302,15 +302,9 @@ func TestPgBouncerNotifyToDirectRelay(t *testing.T) {
 	}
 	start(t, r)
 	time.Sleep(500 * time.Millisecond) // the first poll and the LISTEN
-	p := bouncerPool(t, url)
+	begin := pgxBegin(t, bouncerPool(t, url))
 	for i := range 3 {
-		id, err := publishOrder(context.Background(), e, func(ctx context.Context) (txn, error) {
-			tx, err := p.Begin(ctx)
-			if err != nil {
-				return txn{}, err
-			}
-			return pgxTxFrom(tx, t), nil
-		}, fmt.Sprintf("o-n-%d", i))
+		id, err := publishOrder(context.Background(), e, begin, fmt.Sprintf("o-n-%d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
