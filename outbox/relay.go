@@ -111,8 +111,9 @@ type RelayConfig struct {
 
 	// Listen says whether the relay listens for the wake-up notifications
 	// publishes send. NotifyAuto listens when the dialect and the DB adapter
-	// can; NotifyOn makes Relay fail when they cannot; NotifyOff polls only.
-	// Defaults to NotifyAuto.
+	// can; NotifyOn makes Relay fail when they cannot; NotifyOff polls only
+	// (set it behind PgBouncer in transaction pooling mode, where a LISTEN
+	// hears nothing). Defaults to NotifyAuto.
 	Listen NotifyMode
 
 	// CommandTimeout bounds each statement of the relay (claim, settle,

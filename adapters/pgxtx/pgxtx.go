@@ -7,6 +7,11 @@
 // transaction status before every Publish and refuses a connection in
 // autocommit or in a failed transaction. A *pgxpool.Pool has no
 // transaction and is accepted by neither.
+//
+// Behind PgBouncer in transaction pooling mode, set the pool's
+// ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec (pgx's default
+// statement cache fails there), and NotifyOff on the Outbox and the relay;
+// docs/operations.md ("PgBouncer") lists every setting.
 package pgxtx
 
 import (

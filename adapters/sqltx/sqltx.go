@@ -8,6 +8,11 @@
 // It works with any database/sql driver of a supported dialect: lib/pq or
 // pgx's stdlib driver for PostgreSQL, modernc.org/sqlite for SQLite,
 // github.com/go-sql-driver/mysql for MySQL and MariaDB.
+//
+// Behind PgBouncer in transaction pooling mode, open pgx's stdlib driver
+// with default_query_exec_mode=exec in the URL, or lib/pq with
+// binary_parameters=yes, and set NotifyOff on the Outbox and the relay;
+// docs/operations.md ("PgBouncer") lists every setting.
 package sqltx
 
 import (

@@ -4,7 +4,12 @@
 // postgres://postgres@127.0.0.1:5432/test; else a container started through
 // ory/dockertest when a Docker engine answers; else the test is skipped with a
 // message saying how to provide one. Under CI=true a missing server fails the
-// test instead. When OUTBOX_TEST_SKIPLOG names a file, every such skip is also
+// test instead.
+//
+// [BouncerURL] gives the URL of a PgBouncer in transaction pooling mode in
+// front of that server (OUTBOX_TEST_PGBOUNCER_URL, else the local default
+// that .ci/pgbouncer starts), skipped or failed the same way when it does
+// not answer. Schemas are still created on the server directly. When OUTBOX_TEST_SKIPLOG names a file, every such skip is also
 // appended to it, so CI can fail when any database-backed test skipped.
 package pgtest
 
@@ -28,6 +33,43 @@ import (
 
 // DefaultURL is the local server tried when OUTBOX_TEST_POSTGRES_URL is unset.
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// DefaultBouncerURL is the local PgBouncer tried when
+// OUTBOX_TEST_PGBOUNCER_URL is unset: the one .ci/pgbouncer starts, in
+// transaction pooling mode in front of DefaultURL's server.
+const DefaultBouncerURL = "postgres://postgres@127.0.0.1:6432/test?sslmode=disable"
+
+var (
+	bouncerOnce sync.Once
+	bouncerURL  string
+	bouncerWhy  string
+)
+
+// BouncerURL returns the URL of a PgBouncer in transaction pooling mode in
+// front of the server [URL] returns (the same database, so the schemas
+// [Schema] creates are visible through it), or skips (fails under CI=true)
+// the test when it does not answer.
+func BouncerURL(t testing.TB) string {
+	t.Helper()
+	URL(t)
+	bouncerOnce.Do(func() {
+		u, from := os.Getenv("OUTBOX_TEST_PGBOUNCER_URL"), "OUTBOX_TEST_PGBOUNCER_URL="
+		if u == "" {
+			u, from = DefaultBouncerURL, ""
+		}
+		db, err := ping(u)
+		if err != nil {
+			bouncerWhy = fmt.Sprintf("no PgBouncer: %s%s does not answer (%v); run .ci/pgbouncer or set OUTBOX_TEST_PGBOUNCER_URL", from, u, err)
+			return
+		}
+		db.Close()
+		bouncerURL = u
+	})
+	if bouncerURL == "" {
+		Unavailable(t, bouncerWhy)
+	}
+	return bouncerURL
+}
 
 var (
 	once    sync.Once
