@@ -70,8 +70,6 @@ type Capabilities struct {
 	// Notify is true when Insert can fold a wake-up notification into the
 	// statement (PostgreSQL NOTIFY).
 	Notify bool
-	// SkipLocked is true when claims can use FOR UPDATE SKIP LOCKED.
-	SkipLocked bool
 	// MaxParams is the most bind parameters one statement may carry.
 	MaxParams int
 	// ParamsPerRow is the most parameters Insert uses for one row.
@@ -298,6 +296,10 @@ type Settlement struct {
 	Delay time.Duration // SettleRetry: from now on the database clock
 	At    time.Time     // SettleRetry: absolute time, when not zero
 	Error string        // recorded as last_error
+
+	// expires is when the relay stops trying to write this outcome after
+	// failed writes (its claim's lease will have lapsed by then).
+	expires time.Time
 }
 
 // SettleParams are the relay settings Settle applies.

@@ -32,6 +32,12 @@ const (
 	DefaultJanitorEvery   = time.Minute
 )
 
+// UnlimitedAttempts, as RelayConfig.MaxAttempts, never dead-letters a
+// message for its number of attempts: it is retried (with backoff capped at
+// RetryCap) until its handler succeeds or cancels it. It is the largest
+// value the attempts column (a 32-bit integer on every dialect) holds.
+const UnlimitedAttempts = math.MaxInt32
+
 // Forever, as RelayConfig.KeepDelivered, keeps delivered messages until they
 // are purged by hand.
 const Forever time.Duration = math.MaxInt64
@@ -63,7 +69,8 @@ type RelayConfig struct {
 	BatchSize int
 
 	// Lease is how long a claimed message stays invisible to other relays.
-	// While its handler runs, the relay renews the lease every Lease/3, so
+	// While its handler runs, the relay renews the lease once a third of
+	// it has passed (checking every Lease/6), so
 	// only a relay that stops (crash, partition) loses it. Defaults to
 	// DefaultLease (30s).
 	Lease time.Duration
@@ -79,7 +86,8 @@ type RelayConfig struct {
 	Concurrency int
 
 	// MaxAttempts is the number of attempts after which a failing message is
-	// dead-lettered (attempts count claims, so a crash counts). Defaults to
+	// dead-lettered (attempts count claims, so a crash counts), at most
+	// UnlimitedAttempts, which retries forever. Defaults to
 	// DefaultMaxAttempts (10).
 	MaxAttempts int
 
@@ -192,6 +200,9 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
+	if c.MaxAttempts > UnlimitedAttempts {
+		return &ConfigError{"MaxAttempts", fmt.Sprintf("%d is more than the attempts column holds; at most UnlimitedAttempts (%d), which retries forever", c.MaxAttempts, UnlimitedAttempts)}
+	}
 	if c.Lease < time.Second {
 		return &ConfigError{"Lease", "must be at least 1s"}
 	}
@@ -243,20 +254,10 @@ type Relay struct {
 	// (of coalescing publishers, see Config.NotifyInterval) received
 	// since the claim loop last looked, in nanoseconds.
 	followUp atomic.Int64
-	results  chan Settlement
-	settled  chan struct{} // closed when the settler has stopped
 
-	// done holds successes waiting to be written: the next claim takes
-	// them into its own statement, or the settler writes them after
-	// doneLinger when no claim came.
-	// Handlers append their successes here themselves (no trip through
-	// results and the settler); doneAdded tells the settler to arm its
-	// doneLinger timer, and doneClosed is set when the settler has taken
-	// the last of them at shutdown.
-	doneMu     sync.Mutex
-	done       []Settlement
-	doneAdded  chan struct{}
-	doneClosed bool
+	// out holds the handlers' outcomes until they are written (see
+	// settler.go).
+	out outcomes
 	// carried is when a claim last carried successes (unix nanoseconds):
 	// while claims keep coming, the settler leaves successes to them.
 	carried atomic.Int64
@@ -364,11 +365,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.started = true
 	r.health.set(func(h *Health) { *h = Health{Running: true} })
-	// Room for many batches of outcomes, so finished handlers rarely wait
-	// for the settler (and keep their slots) while it writes.
-	r.results = make(chan Settlement, max(4*r.cfg.Concurrency, 4*r.cfg.BatchSize, 1024))
-	r.settled = make(chan struct{})
-	r.doneAdded = make(chan struct{}, 1)
+	r.out.init()
 	r.mu.Unlock()
 	defer r.health.set(func(h *Health) { h.Running, h.Draining, h.Listener = false, false, ListenerOff })
 
@@ -435,7 +432,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	stopBG()
 	bgWG.Wait()
 	close(stopSettler)
-	<-r.settled
+	<-r.out.stopped
 	return runErr
 }
 
@@ -559,7 +556,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				c := j.c
 				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase)
 				if r.cfg.DiscardDead {
-					r.send(Settlement{Fence: Fence{c.ID, c.Attempts}, Kind: SettleDead, Error: "max attempts reached"})
+					r.send(Settlement{Fence: Fence{c.ID, c.Attempts}, Kind: SettleDead, Error: "max attempts reached", expires: time.Now().Add(r.cfg.Lease)})
 				}
 				continue
 			}
@@ -661,7 +658,7 @@ func (r *Relay) signal() {
 func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	done := r.takeDone()
+	done := r.out.takeDone(maxSettleBatch)
 	if len(done) > 0 {
 		r.carried.Store(time.Now().UnixNano())
 	}
@@ -675,7 +672,9 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 	})
 	if err != nil {
 		err = wrapOp(ctx, "claim", r.d.Classify(err))
-		r.putBackDone(done) // nothing of the statement was committed
+		if len(done) > 0 {
+			r.putBack(done) // nothing of the statement was committed
+		}
 	} else if len(done) > 0 {
 		r.report(ctx, done, applied, nil)
 	}
@@ -683,32 +682,6 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
 	}
 	return claimed, err
-}
-
-// takeDone takes the waiting successes, up to 1000.
-func (r *Relay) takeDone() []Settlement {
-	r.doneMu.Lock()
-	defer r.doneMu.Unlock()
-	k := min(len(r.done), 1000)
-	if k == 0 {
-		return nil
-	}
-	out := append([]Settlement(nil), r.done[:k]...)
-	r.done = append(r.done[:0], r.done[k:]...)
-	return out
-}
-
-func (r *Relay) putBackDone(done []Settlement) {
-	if len(done) == 0 {
-		return
-	}
-	r.doneMu.Lock()
-	r.done = append(r.done, done...)
-	r.doneMu.Unlock()
-	select {
-	case r.doneAdded <- struct{}{}: // the settler writes them if no claim does
-	default:
-	}
 }
 
 // wrapCtx makes err wrap the context's error when the context ended, so
@@ -809,7 +782,9 @@ func (r *Relay) deliver(j *job) {
 	if err == nil {
 		err = r.call(hctx, h, d)
 	}
-	r.send(r.outcome(c, err))
+	s := r.outcome(c, err)
+	s.expires = time.Now().Add(r.cfg.Lease)
+	r.send(s)
 }
 
 // call runs h, turning a panic into an error.
@@ -853,12 +828,27 @@ func (r *Relay) failure(c *Claimed, s Settlement, err error) Settlement {
 	}
 	s.Kind = SettleRetry
 	if errors.As(err, &retry) {
-		s.Delay, s.At = retry.After, retry.At
+		s.Delay, s.At = max(retry.After, 0), retryTime(retry.At)
 	} else {
 		s.Delay = r.retry.Delay(attempt)
 	}
 	r.log.Info("outbox: handler failed; retrying", "id", c.ID, "topic", c.Topic, "attempt", attempt, "retry_in", s.Delay, "err", err)
 	return s
+}
+
+// retryTime clamps a handler's RetryAt time into the years every dialect's
+// timestamp column stores (1970 to 9999, as for Message.NotBefore), in UTC:
+// the one place where a far past or far future time is made storable.
+func retryTime(t time.Time) time.Time {
+	switch {
+	case t.IsZero():
+		return t
+	case t.Before(earliest):
+		return earliest
+	case t.After(latest):
+		return latest
+	}
+	return t.UTC()
 }
 
 // maxErrorBytes bounds the last_error recorded for a message.
@@ -875,179 +865,14 @@ func cleanError(err error) string {
 	return s
 }
 
-// send queues a settlement unless the settler has stopped (a handler that
-// finished after Run returned: its lease lapses and it is delivered again).
-func (r *Relay) send(s Settlement) {
-	var queued bool
-	if s.Kind == SettleDone {
-		queued = r.addDone(s)
-	} else {
-		queued = r.queue(s)
-	}
-	if !queued {
-		r.log.Warn("outbox: outcome after shutdown dropped; the message will be delivered again", "id", s.ID)
-	}
-}
-
-// addDone puts a success on the done list for the next claim to carry, and
-// has the settler arm its doneLinger timer when the list was empty. It
-// reports false once the settler has taken the list for the last time.
-func (r *Relay) addDone(s Settlement) bool {
-	r.doneMu.Lock()
-	if r.doneClosed {
-		r.doneMu.Unlock()
-		return false
-	}
-	r.done = append(r.done, s)
-	first := len(r.done) == 1
-	r.doneMu.Unlock()
-	if first {
-		select {
-		case r.doneAdded <- struct{}{}:
-		default:
-		}
-	}
-	return true
-}
-
-// queue hands a retry or a dead letter to the settler; false when the
-// settler has stopped.
-func (r *Relay) queue(s Settlement) bool {
-	// The settler's end is checked first: the buffered channel would
-	// otherwise take the outcome and nobody would ever read it.
-	select {
-	case <-r.settled:
-		return false
-	default:
-	}
-	select {
-	case r.results <- s:
-		return true
-	case <-r.settled:
-		return false
-	}
-}
-
-// settleLinger is how long the settler waits for more outcomes after the
-// first, when fewer than a batch are waiting: fewer, larger statements under
-// load, at the cost of writing an outcome up to this much later.
-const settleLinger = 2 * time.Millisecond
-
-// doneLinger is how long successes wait for a claim to carry them before
-// the settler writes them with a statement of their own.
-const doneLinger = 50 * time.Millisecond
-
-// settleLoop writes outcomes. Retries and dead letters are written in
-// batches: it blocks for one outcome, gathers those that arrive within
-// settleLinger (up to a claim batch, then all that are waiting, up to 1000)
-// and writes them with one statement per kind. Successes skip it: handlers
-// append them to r.done, for the next claim to carry (one commit for
-// both); those no claim took within doneLinger are written here.
-func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
-	defer close(r.settled)
-	batch := make([]Settlement, 0, 64)
-	flush := time.NewTimer(time.Hour)
-	flush.Stop()
-	flushArmed := false
-	for {
-		select {
-		case s := <-r.results:
-			batch = append(batch[:0], s)
-		case <-r.doneAdded:
-			if !flushArmed {
-				flush.Reset(doneLinger)
-				flushArmed = true
-			}
-			continue
-		case <-flush.C:
-			if time.Since(time.Unix(0, r.carried.Load())) < doneLinger {
-				// Claims are carrying successes: leave these to the next one
-				// rather than compete with it for the database.
-				flush.Reset(doneLinger)
-				continue
-			}
-			flushArmed = false
-			if done := r.takeDone(); len(done) > 0 {
-				r.settle(ctx, done)
-			}
-			r.doneMu.Lock()
-			more := len(r.done) > 0
-			r.doneMu.Unlock()
-			if more { // over 1000 were waiting, or some came meanwhile
-				flush.Reset(doneLinger)
-				flushArmed = true
-			}
-			continue
-		case <-stop:
-			batch = batch[:0]
-			for len(r.results) > 0 {
-				batch = append(batch, <-r.results)
-			}
-			r.doneMu.Lock()
-			batch = append(batch, r.done...)
-			r.done = nil
-			r.doneClosed = true
-			r.doneMu.Unlock()
-			if len(batch) > 0 {
-				r.settle(ctx, batch)
-			}
-			return
-		}
-		linger := time.NewTimer(settleLinger)
-	gather:
-		for len(batch) < r.cfg.BatchSize {
-			select {
-			case s := <-r.results:
-				batch = append(batch, s)
-			case <-linger.C:
-				break gather
-			case <-stop:
-				break gather
-			}
-		}
-		linger.Stop()
-	more:
-		for len(batch) < 1000 {
-			select {
-			case s := <-r.results:
-				batch = append(batch, s)
-			default:
-				break more
-			}
-		}
-		r.settle(ctx, batch) // retries and dead letters: successes go to r.done
-	}
-}
-
-func (r *Relay) settle(ctx context.Context, batch []Settlement) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
-	defer cancel()
-	applied, err := r.d.Settle(ctx, r.db, r.ob.table, r.settleP, batch)
-	if err != nil {
-		err = wrapCtx(ctx, err)
-	}
-	r.report(ctx, batch, applied, err)
-}
-
-// report logs and traces the outcome of writing batch.
-func (r *Relay) report(ctx context.Context, batch []Settlement, applied []Fence, err error) {
-	if err != nil {
-		r.log.Error("outbox: settle failed; the messages will be delivered again after their lease", "err", err, "count", len(batch))
-	} else if len(applied) < len(batch) {
-		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", len(batch)-len(applied))
-	}
-	if r.cfg.Tracer != nil {
-		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)
-	}
-}
-
 // renewLoop extends the leases of handlers that have run for a third of
-// the lease, every third of the lease.
+// the lease, every sixth of the lease: a lease is renewed by the time half
+// of it has passed, so a renewal that has to wait (a busy database, a
+// SQLite write lock) still has half the lease to land.
 func (r *Relay) renewLoop(ctx context.Context) {
-	every := r.cfg.Lease / 3
-	tick(ctx, every, func() {
+	tick(ctx, r.cfg.Lease/6, func() {
 		var held []Fence
-		cutoff := time.Now().Add(-every)
+		cutoff := time.Now().Add(-r.cfg.Lease / 3)
 		r.inflightMu.Lock()
 		for f, in := range r.inflight {
 			if in.claimed.Before(cutoff) {

@@ -24,7 +24,7 @@ type memDialect struct {
 
 func (*memDialect) Name() string { return "mem" }
 func (*memDialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{SkipLocked: true, MaxParams: 1 << 16, ParamsPerRow: 1}
+	return outbox.Capabilities{MaxParams: 1 << 16, ParamsPerRow: 1}
 }
 func (*memDialect) Insert(outbox.Table, []outbox.Row, outbox.Wake) (string, []any) { return "", nil }
 func (*memDialect) Classify(err error) error                                       { return err }

@@ -386,5 +386,5 @@ func TestNoSettleAfterRun(t *testing.T) {
 	if s, a, _ := rowState(t, e, ids[0]); s != "processing" || a != 1 {
 		t.Errorf("row is %s with %d attempts after Run returned; a late outcome landed", s, a)
 	}
-	eventually(t, 5*time.Second, "drop logged", func() bool { return strings.Contains(logs.String(), "outcome after shutdown dropped") })
+	eventually(t, 5*time.Second, "drop logged", func() bool { return strings.Contains(logs.String(), "outcomes dropped") })
 }

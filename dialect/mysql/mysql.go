@@ -131,7 +131,7 @@ type dialect struct {
 func (*dialect) Name() string { return "mysql" }
 
 func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{SkipLocked: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval}
+	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.

@@ -38,7 +38,7 @@ type dialect struct {
 func (*dialect) Name() string { return "postgres" }
 
 func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{Notify: true, SkipLocked: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
+	return outbox.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
 }
 
 // QuoteTable returns t as a quoted, possibly schema-qualified, identifier.

@@ -79,6 +79,8 @@ func Run(t *testing.T, h Harness) {
 		{"ShutdownDrain", shutdownDrain},
 		{"RunChecksTable", runChecksTable},
 		{"RelayStats", relayStats},
+		{"RetryAtClamped", retryAtClamped},
+		{"UnlimitedAttempts", unlimitedAttempts},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if h.Parallel {

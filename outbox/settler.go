@@ -1,0 +1,279 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/oncommit/oncommit/internal/backoff"
+)
+
+// settleLinger is how long the settler waits for more outcomes after the
+// first, when fewer than a batch are waiting: fewer, larger statements under
+// load, at the cost of writing an outcome up to this much later.
+const settleLinger = 2 * time.Millisecond
+
+// doneLinger is how long successes wait for a claim to carry them before
+// the settler writes them with a statement of their own.
+const doneLinger = 50 * time.Millisecond
+
+// maxSettleBatch bounds the outcomes one settle statement (or one claim
+// carrying successes) writes.
+const maxSettleBatch = 1000
+
+// settleRetry is the backoff between attempts to write outcomes after a
+// failed settle statement.
+var settleRetry = backoff.Policy{Base: 100 * time.Millisecond, Cap: 5 * time.Second, Jitter: 0.5}
+
+// finalAttempts bounds the attempts of the last write at shutdown, so Run
+// returns in bounded time when the database is down; what is left is
+// logged as dropped (and delivered again after its lease).
+const finalAttempts = 3
+
+// outcomes are the handlers' outcomes waiting to be written. Handlers add
+// them; claims take the successes into their own statement; the settler
+// writes the rest. Once the settler has taken the last of them at
+// shutdown (closed), add refuses an outcome, and the caller logs it as
+// dropped: no outcome is ever lost without a trace.
+type outcomes struct {
+	mu     sync.Mutex
+	done   []Settlement // successes
+	failed []Settlement // retries and dead letters
+	closed bool
+	// doneAdded and failedAdded are signalled when their list becomes
+	// non-empty; stopped is closed when the settler has returned.
+	doneAdded   chan struct{}
+	failedAdded chan struct{}
+	stopped     chan struct{}
+}
+
+func (o *outcomes) init() {
+	o.doneAdded = make(chan struct{}, 1)
+	o.failedAdded = make(chan struct{}, 1)
+	o.stopped = make(chan struct{})
+}
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// add appends outcomes to their lists; false (and nothing added) once the
+// settler has taken its last batch.
+func (o *outcomes) add(batch ...Settlement) bool {
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return false
+	}
+	hadDone, hadFailed := len(o.done) > 0, len(o.failed) > 0
+	for _, s := range batch {
+		if s.Kind == SettleDone {
+			o.done = append(o.done, s)
+		} else {
+			o.failed = append(o.failed, s)
+		}
+	}
+	newDone, newFailed := !hadDone && len(o.done) > 0, !hadFailed && len(o.failed) > 0
+	o.mu.Unlock()
+	if newDone {
+		notify(o.doneAdded)
+	}
+	if newFailed {
+		notify(o.failedAdded)
+	}
+	return true
+}
+
+// take removes and returns up to n outcomes of the list.
+func (o *outcomes) take(list *[]Settlement, n int) []Settlement {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := min(len(*list), n)
+	if k == 0 {
+		return nil
+	}
+	out := append([]Settlement(nil), (*list)[:k]...)
+	*list = append((*list)[:0], (*list)[k:]...)
+	return out
+}
+
+func (o *outcomes) takeDone(n int) []Settlement   { return o.take(&o.done, n) }
+func (o *outcomes) takeFailed(n int) []Settlement { return o.take(&o.failed, n) }
+
+// counts returns the lengths of the lists.
+func (o *outcomes) counts() (done, failed int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.done), len(o.failed)
+}
+
+// closeAll marks the lists closed and returns all they held.
+func (o *outcomes) closeAll() []Settlement {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = true
+	all := append(o.failed, o.done...)
+	o.done, o.failed = nil, nil
+	return all
+}
+
+// send queues a handler's outcome. After the settler's last write (a
+// handler that outlived the shutdown) it is logged as dropped: the
+// message's lease lapses and it is delivered again.
+func (r *Relay) send(s Settlement) {
+	if !r.out.add(s) {
+		r.dropped("the relay has stopped", []Settlement{s})
+	}
+}
+
+// putBack queues outcomes whose write failed, to be written again (they are
+// fenced, so a late write is harmless), unless the lease of their claim
+// has lapsed: those are dropped, as another relay may deliver them again.
+func (r *Relay) putBack(batch []Settlement) {
+	now := time.Now()
+	keep, lapsed := batch[:0:0], []Settlement(nil)
+	for _, s := range batch {
+		if s.expires.IsZero() || now.Before(s.expires) {
+			keep = append(keep, s)
+		} else {
+			lapsed = append(lapsed, s)
+		}
+	}
+	if len(lapsed) > 0 {
+		r.dropped("their lease lapsed while their write kept failing", lapsed)
+	}
+	if len(keep) > 0 && !r.out.add(keep...) {
+		r.dropped("the relay has stopped", keep)
+	}
+}
+
+// dropped logs outcomes that will never be written.
+func (r *Relay) dropped(why string, batch []Settlement) {
+	ids := make([]string, 0, min(len(batch), 10))
+	for _, s := range batch[:min(len(batch), 10)] {
+		ids = append(ids, s.ID.String())
+	}
+	r.log.Warn("outbox: outcomes dropped; their messages will be delivered again after their lease", "why", why, "count", len(batch), "ids", ids)
+}
+
+// settleLoop writes outcomes. Retries and dead letters are written in
+// batches: once one is waiting, it gathers those that arrive within
+// settleLinger (up to a claim batch, then all that are waiting, up to
+// maxSettleBatch) and writes them with one statement per kind. Successes
+// wait for the next claim to carry them (one commit for both); those no
+// claim took within doneLinger are written here. When a write fails, its
+// outcomes go back to the lists and the settler writes nothing until a
+// backoff has passed (see putBack). At stop it writes what is left, with
+// up to finalAttempts attempts, and refuses later outcomes.
+func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
+	defer close(r.out.stopped)
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	flushArmed := false
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	failures := 0 // writes failed in a row; while > 0, wait for retry
+	write := func(batch []Settlement) {
+		if len(batch) == 0 {
+			return
+		}
+		if err := r.settle(ctx, batch); err != nil {
+			r.putBack(batch)
+			failures++
+			retry.Reset(settleRetry.Delay(failures))
+			return
+		}
+		failures = 0
+	}
+	for {
+		select {
+		case <-r.out.failedAdded:
+			if failures > 0 {
+				continue // the retry timer writes them
+			}
+			if _, n := r.out.counts(); n < r.cfg.BatchSize {
+				linger := time.NewTimer(settleLinger)
+				select {
+				case <-linger.C:
+				case <-stop:
+					linger.Stop()
+				}
+			}
+			write(r.out.takeFailed(maxSettleBatch))
+			if _, n := r.out.counts(); n > 0 {
+				notify(r.out.failedAdded) // more than one batch was waiting
+			}
+		case <-r.out.doneAdded:
+			if !flushArmed {
+				flush.Reset(doneLinger)
+				flushArmed = true
+			}
+		case <-flush.C:
+			flushArmed = false
+			if failures > 0 || time.Since(time.Unix(0, r.carried.Load())) < doneLinger {
+				// Backing off, or claims are carrying successes: leave
+				// these to them (or to the retry) rather than compete
+				// for the database.
+				flush.Reset(doneLinger)
+				flushArmed = true
+				continue
+			}
+			write(r.out.takeDone(maxSettleBatch))
+			if n, _ := r.out.counts(); n > 0 { // over a batch waited, or some came meanwhile
+				flush.Reset(doneLinger)
+				flushArmed = true
+			}
+		case <-retry.C:
+			write(append(r.out.takeFailed(maxSettleBatch), r.out.takeDone(maxSettleBatch)...))
+			if failures == 0 {
+				notify(r.out.failedAdded)
+				notify(r.out.doneAdded)
+			}
+		case <-stop:
+			r.finalSettle(ctx)
+			return
+		}
+	}
+}
+
+// finalSettle writes the outcomes left at shutdown and closes the lists.
+func (r *Relay) finalSettle(ctx context.Context) {
+	batch := r.out.closeAll()
+	for attempt := 1; len(batch) > 0; attempt++ {
+		if r.settle(ctx, batch) == nil {
+			return
+		}
+		if attempt == finalAttempts {
+			r.dropped("the last write at shutdown failed", batch)
+			return
+		}
+		time.Sleep(settleRetry.Delay(attempt))
+	}
+}
+
+// settle writes batch with one Settle call (a statement per kind).
+func (r *Relay) settle(ctx context.Context, batch []Settlement) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	applied, err := r.d.Settle(ctx, r.db, r.ob.table, r.settleP, batch)
+	if err != nil {
+		err = wrapOp(ctx, "settle", r.d.Classify(err))
+	}
+	r.report(ctx, batch, applied, err)
+	return err
+}
+
+// report logs and traces the outcome of writing batch.
+func (r *Relay) report(ctx context.Context, batch []Settlement, applied []Fence, err error) {
+	if err != nil {
+		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", len(batch))
+	} else if len(applied) < len(batch) {
+		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", len(batch)-len(applied))
+	}
+	if r.cfg.Tracer != nil {
+		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)
+	}
+}

@@ -1,0 +1,185 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// blockingDialect records Settle batches; a Settle call blocks while
+// block is set, after signalling entered.
+type blockingDialect struct {
+	mu      sync.Mutex
+	batches [][]Settlement
+	block   chan struct{} // nil: do not block
+	entered chan struct{}
+}
+
+func (*blockingDialect) Name() string                              { return "blocking" }
+func (*blockingDialect) Capabilities() Capabilities                { return Capabilities{} }
+func (*blockingDialect) Insert(Table, []Row, Wake) (string, []any) { return "", nil }
+func (*blockingDialect) Classify(err error) error                  { return err }
+func (*blockingDialect) Claim(context.Context, DB, Table, ClaimParams) ([]Claimed, []Fence, error) {
+	return nil, nil, nil
+}
+func (d *blockingDialect) Settle(_ context.Context, _ DB, _ Table, _ SettleParams, s []Settlement) ([]Fence, error) {
+	d.mu.Lock()
+	d.batches = append(d.batches, append([]Settlement(nil), s...))
+	block := d.block
+	d.mu.Unlock()
+	if block != nil {
+		d.entered <- struct{}{}
+		<-block
+	}
+	fences := make([]Fence, len(s))
+	for i := range s {
+		fences[i] = s[i].Fence
+	}
+	return fences, nil
+}
+func (*blockingDialect) Renew(context.Context, DB, Table, time.Duration, []Fence) ([]Fence, error) {
+	return nil, nil
+}
+func (*blockingDialect) Redrive(context.Context, DB, Table, string) (int64, error) { return 0, nil }
+func (*blockingDialect) Purge(context.Context, DB, Table, []State, time.Duration) (int64, error) {
+	return 0, nil
+}
+func (*blockingDialect) Stats(context.Context, DB, Table) ([]TopicStats, error) { return nil, nil }
+func (*blockingDialect) ListenSQL(Table) string                                 { return "" }
+func (*blockingDialect) Check(context.Context, DB, Table) error                 { return nil }
+
+type noDB struct{}
+
+func (noDB) QueryDB(context.Context, string, ...any) (Rows, error) { return nil, nil }
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startSettler builds a relay on d and runs only its settler, until stop
+// is closed.
+func startSettler(t *testing.T, d RelayDialect) (*Relay, *syncBuffer, chan struct{}) {
+	ob, err := New(d, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := new(syncBuffer)
+	r, err := ob.Relay(noDB{}, RelayConfig{Listen: NotifyOff, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.out.init()
+	stop := make(chan struct{})
+	go r.settleLoop(context.Background(), stop)
+	return r, logs, stop
+}
+
+// TestOutcomeDuringFinalSettle (issue 19 item 2): an outcome sent while
+// the settler writes its last batch at shutdown is either written or
+// logged as dropped, never lost without a trace. Before the fix, the
+// settler drained its channel, then wrote; a send meanwhile found the
+// channel open and reported success, and nobody ever read it.
+func TestOutcomeDuringFinalSettle(t *testing.T) {
+	d := &blockingDialect{block: make(chan struct{}), entered: make(chan struct{}, 1)}
+	r, logs, stop := startSettler(t, d)
+
+	first := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleDone}
+	r.send(first) // waits doneLinger for a claim: still waiting at stop
+	close(stop)
+	<-d.entered // the final write has begun, with first
+	late := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleRetry, Delay: time.Second, Error: "late"}
+	r.send(late)
+	close(d.block)
+	<-r.out.stopped
+
+	written := false
+	d.mu.Lock()
+	for _, b := range d.batches {
+		for _, s := range b {
+			written = written || s.ID == late.ID
+		}
+	}
+	d.mu.Unlock()
+	logged := strings.Contains(logs.String(), "outcomes dropped") && strings.Contains(logs.String(), late.ID.String())
+	if !written && !logged {
+		t.Fatalf("the late outcome was neither written nor logged as dropped; logs:\n%s", logs.String())
+	}
+}
+
+// TestFailedSettleIsRetried (issue 19 item 3): outcomes whose write fails
+// go back to be written again after a backoff, and are dropped (logged)
+// only once their lease has lapsed.
+func TestFailedSettleIsRetried(t *testing.T) {
+	d := &failingDialect{failures: 2}
+	r, logs, stop := startSettler(t, d)
+	live := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleRetry, Error: "x", expires: time.Now().Add(time.Minute)}
+	lapsed := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleRetry, Error: "y", expires: time.Now().Add(-time.Second)}
+	r.send(live)
+	r.send(lapsed)
+	deadline := time.Now().Add(5 * time.Second)
+	for !d.wrote(live.ID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the outcome was not written again after two failed writes; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	<-r.out.stopped
+	if d.wrote(lapsed.ID) {
+		t.Error("an outcome whose lease had lapsed was written again")
+	}
+	if !strings.Contains(logs.String(), lapsed.ID.String()) {
+		t.Errorf("the lapsed outcome was not logged as dropped:\n%s", logs.String())
+	}
+}
+
+// failingDialect fails its first failures Settle calls.
+type failingDialect struct {
+	blockingDialect
+	failures int
+	written  map[ID]bool
+}
+
+func (d *failingDialect) Settle(_ context.Context, _ DB, _ Table, _ SettleParams, s []Settlement) ([]Fence, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.failures > 0 {
+		d.failures--
+		return nil, errInjected
+	}
+	if d.written == nil {
+		d.written = map[ID]bool{}
+	}
+	fences := make([]Fence, len(s))
+	for i := range s {
+		d.written[s[i].ID] = true
+		fences[i] = s[i].Fence
+	}
+	return fences, nil
+}
+
+func (d *failingDialect) wrote(id ID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.written[id]
+}
+
+var errInjected = &ConfigError{"test", "injected settle failure"}
