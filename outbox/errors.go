@@ -36,6 +36,15 @@ var (
 	// transaction when it reports this.
 	ErrReadOnlyTx = errors.New("outbox: transaction is read-only")
 
+	// ErrRetryTx is wrapped by the errors Publish returns when the database
+	// refused the caller's transaction because of contention with another
+	// one: a deadlock (PostgreSQL 40P01, MySQL 1213), a serialization
+	// failure (40001), a lock that could not be had in time (55P03, MySQL
+	// 1205), or a SQLite database that stayed busy. Roll the transaction
+	// back (the database may already have) and run the whole transaction
+	// again; nothing of it was stored.
+	ErrRetryTx = errors.New("outbox: the database refused the transaction because of contention (deadlock, serialization failure, lock timeout, busy); roll it back and run the whole transaction again")
+
 	// ErrTableMissing is returned when the outbox table does not exist: run
 	// the migrations (see the migrations package). The database aborts the
 	// transaction when it reports this.

@@ -14,7 +14,7 @@ import (
 func TestErrorsSayPrefixOnce(t *testing.T) {
 	sentinels := []error{
 		ErrNilTx, ErrNotInTransaction, ErrTxDone, ErrTxAborted, ErrReadOnlyTx, ErrTableMissing,
-		ErrSchemaMismatch, ErrInvalidMessage, ErrInvalidConfig, ErrUnsupported, ErrNoHandlers,
+		ErrSchemaMismatch, ErrRetryTx, ErrInvalidMessage, ErrInvalidConfig, ErrUnsupported, ErrNoHandlers,
 		ErrRelayStarted, ErrDuplicateHandler, ErrNoRelay, ErrRelayNotRunning, ErrRelayDraining, ErrRelayFailing,
 		&MessageError{0, "Topic", "must not be empty"}, &ConfigError{"Table", "bad"},
 	}

@@ -424,3 +424,33 @@ func TestAcceptedEdges(t *testing.T) {
 		t.Error("NotBefore in the past not raised to now()")
 	}
 }
+
+// TestPublishLockTimeoutIsRetryTx: a Publish that cannot get a lock in
+// time (its dedup key held by another open transaction, lock_timeout
+// 100ms: SQLSTATE 55P03) returns an error wrapping ErrRetryTx, on every
+// driver.
+func TestPublishLockTimeoutIsRetryTx(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	ctx := context.Background()
+	holder, err := pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := e.ob.Publish(ctx, pgxtx.From(holder), outbox.Message{Topic: "t", DedupKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range drivers() {
+		t.Run(d.name, func(t *testing.T) {
+			x := d.begin(t)
+			if err := x.exec(`SET LOCAL lock_timeout = '100ms'`); err != nil {
+				t.Fatal(err)
+			}
+			_, err := e.ob.Publish(ctx, x.tx, outbox.Message{Topic: "t", DedupKey: "k"})
+			if !errors.Is(err, outbox.ErrRetryTx) {
+				t.Errorf("Publish waiting on a held dedup key past lock_timeout: %v, want ErrRetryTx", err)
+			}
+		})
+	}
+}

@@ -57,6 +57,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/oncommit/oncommit/internal/oerr"
 	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -205,8 +206,10 @@ func (*dialect) Classify(err error) error {
 		sentinel = outbox.ErrReadOnlyTx
 	case errNoSuchTable:
 		sentinel = outbox.ErrTableMissing
-	case errDeadlock:
-		sentinel = outbox.ErrTxAborted
+	case errDeadlock: // InnoDB rolled the whole transaction back
+		return oerr.Wrap(err, outbox.ErrRetryTx, outbox.ErrTxAborted)
+	case errLockWaitTimeout: // the statement was rolled back
+		sentinel = outbox.ErrRetryTx
 	default:
 		return err
 	}

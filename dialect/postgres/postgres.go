@@ -150,6 +150,8 @@ func (*dialect) Classify(err error) error {
 		sentinel = outbox.ErrTableMissing
 	case "42703": // undefined_column
 		sentinel = outbox.ErrSchemaMismatch
+	case "40001", "40P01", "55P03": // serialization_failure, deadlock_detected, lock_not_available
+		sentinel = outbox.ErrRetryTx
 	default:
 		return err
 	}

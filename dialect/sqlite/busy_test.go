@@ -92,7 +92,7 @@ func TestReadThenPublish(t *testing.T) {
 			t.Fatal("no transaction failed: the deferred transactions never conflicted")
 		}
 		for _, err := range errs {
-			if !errors.Is(err, sqlite.ErrBusy) {
+			if !errors.Is(err, sqlite.ErrBusy) || !errors.Is(err, outbox.ErrRetryTx) {
 				t.Fatalf("error not classified as sqlite.ErrBusy: %v", err)
 			}
 		}

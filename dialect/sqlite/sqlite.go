@@ -124,7 +124,18 @@ func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (stri
 // documentation) so that every read-write transaction takes the write lock
 // when it begins, waiting up to the busy timeout. With it, ErrBusy means the
 // lock stayed taken for longer than the busy timeout.
-var ErrBusy = errors.New("outbox: SQLite database is busy (SQLITE_BUSY): roll back and retry the transaction; open the database with _txlock=immediate so that transactions wait for the write lock")
+//
+// It also wraps [outbox.ErrRetryTx], the sentinel every dialect uses for
+// "run the whole transaction again".
+var ErrBusy error = busyError{}
+
+type busyError struct{}
+
+func (busyError) Error() string {
+	return "outbox: SQLite database is busy (SQLITE_BUSY): roll back and retry the transaction; open the database with _txlock=immediate so that transactions wait for the write lock"
+}
+
+func (busyError) Is(target error) bool { return target == outbox.ErrRetryTx }
 
 // busy reports whether err is SQLITE_BUSY or one of its extended codes
 // (the primary code is the low byte), from a driver whose errors tell their
