@@ -64,7 +64,9 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 // this index serves in claim order: it never reads the due rows of other
 // topics, however many there are (50 due rows behind 200,000 of another
 // topic: 5.4 ms against 32.6 ms to deliver them in the bench's skew
-// scenario). Without it the claim index (available_at, id) walks them.
+// scenario, whose idle relay claims 100 at a time; a busy relay's claims of
+// a few rows cost more without it, 50-65 ms each in docs/operations.md,
+// "Topic skew"). Without it the claim index (available_at, id) walks them.
 // Migrate does not create it: every publish and claim writes one more
 // index entry, which cost 5-16% of publish and drain throughput in the
 // bench (docs/benchmarks.md). Create it when relays take subsets of a
