@@ -17,7 +17,7 @@ import (
 
 // runErr runs r until it returns on its own or within seconds; it fails the
 // test when Run has to be cancelled.
-func runErr(t *testing.T, r *outbox.Relay, within time.Duration) (error, time.Duration) {
+func runErr(t *testing.T, r *outbox.Relay, within time.Duration) (time.Duration, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -26,12 +26,12 @@ func runErr(t *testing.T, r *outbox.Relay, within time.Duration) (error, time.Du
 	go func() { done <- r.Run(ctx) }()
 	select {
 	case err := <-done:
-		return err, time.Since(began)
+		return time.Since(began), err
 	case <-time.After(within):
 		cancel()
 		<-done
 		t.Fatalf("Run did not return within %v", within)
-		return nil, 0
+		return 0, nil
 	}
 }
 
@@ -60,7 +60,7 @@ func TestRunSchemaChecks(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.Handle("t", func(context.Context, outbox.Delivery) error { return nil })
-			err, took := runErr(t, r, 5*time.Second)
+			took, err := runErr(t, r, 5*time.Second)
 			if !errors.Is(err, want) {
 				t.Errorf("%s, table %s: Run = %v, want %v", name, table, err, want)
 				continue
