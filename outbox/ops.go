@@ -51,9 +51,13 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 	return n, nil
 }
 
-// Redrive makes dead messages pending again, due now, with their attempts
-// reset to zero: of one topic, or of all topics when topic is "". It
-// returns how many it revived.
+// Redrive makes dead messages pending again, due now, each with
+// RelayConfig.MaxAttempts fresh attempts (its handler sees
+// Delivery.Attempt 1 again): of one topic, or of all topics when topic is
+// "". It returns how many it revived. The attempts column keeps counting
+// (attempts_base records where the fresh attempts start), so a relay still
+// holding a claim made before the redrive cannot settle the redriven
+// message.
 func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error) {
 	rd, err := o.relayDialect()
 	if err != nil {

@@ -48,8 +48,8 @@ SELECT ` + claimedColumns + ` FROM claimed`
 // claimedColumns are the columns a claim returns, none of them NULL but the
 // payload and headers (so rows scan into plain strings, integers and times,
 // with no per-row allocation for a NULL-able wrapper): id, topic, key (empty
-// for none), payload, headers, attempts, kind, created_at.
-const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, ` + kindClaimed + `, created_at`
+// for none), payload, headers, attempts, attempts_base, kind, created_at.
+const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, ` + kindClaimed + `, created_at`
 
 // The kind of a row a claim returns, as an integer (no string to allocate
 // per row): claimed, dead-lettered at claim, or a carried success settled.
@@ -74,7 +74,7 @@ func ClaimSettleSQL(t outbox.Table, topics int, keep bool) string {
 	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
-SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
+SELECT id::text, '', '', NULL, NULL, attempts, 0, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
 }
 
 // claimCTE returns the claim's WITH clause: due (the rows to claim,
@@ -94,6 +94,8 @@ SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `,
 // settle needs.
 func claimCTE(t outbox.Table, done string, topics int) string {
 	tbl := QuoteTable(t)
+	// spent: the row had its $4 attempts since its last redrive.
+	const spent = `o.attempts - o.attempts_base >= $4`
 	with, after, skip := `WITH `, "", ""
 	// topic || '' keeps the topic claim index out of a claim of several
 	// topics: it returns each topic's rows in their own order, and a plan
@@ -119,13 +121,13 @@ func claimCTE(t outbox.Table, done string, topics int) string {
     FOR UPDATE SKIP LOCKED),
 claimed AS (
     UPDATE ` + tbl + ` AS o SET
-        state        = CASE WHEN o.attempts >= $4 THEN 'dead' ELSE 'processing' END,
-        attempts     = CASE WHEN o.attempts >= $4 THEN o.attempts ELSE o.attempts + 1 END,
-        available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
-        settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
-        last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
+        state        = CASE WHEN ` + spent + ` THEN 'dead' ELSE 'processing' END,
+        attempts     = CASE WHEN ` + spent + ` THEN o.attempts ELSE o.attempts + 1 END,
+        available_at = CASE WHEN ` + spent + ` THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
+        settled_at   = CASE WHEN ` + spent + ` THEN now() END,
+        last_error   = CASE WHEN ` + spent + ` THEN 'max attempts reached' ELSE o.last_error END
     WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM due))` + skip + `
-    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.state, o.created_at)`
+    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, o.state, o.created_at)`
 }
 
 // relayTexts caches the relay's statements per table (built once, not on
@@ -203,7 +205,7 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 	var c outbox.Claimed
 	var id string
 	var kind int
-	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &kind, &c.CreatedAt}
+	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
 	for rows.Next() {
 		c = outbox.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
@@ -371,7 +373,8 @@ func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, err
 }
 
 func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
-	return count(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts = 0, available_at = now(), settled_at = NULL, last_error = NULL
+	// attempts stays: (id, attempts) fences one claim and must never repeat.
+	return count(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
     WHERE state = 'dead' AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`, topic)
 }
 

@@ -72,6 +72,8 @@ func Run(t *testing.T, h Harness) {
 		{"FencingMixedBatch", fencingMixedBatch},
 		{"RetryThenSuccess", retryThenSuccess},
 		{"DeadLetterAndRedrive", deadLetterAndRedrive},
+		{"RedriveKeepsFence", redriveKeepsFence},
+		{"RedriveAttempts", redriveAttempts},
 		{"CancelAndInvalidPayload", cancelAndInvalid},
 		{"Purge", purge},
 		{"Stats", stats},
