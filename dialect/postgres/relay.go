@@ -136,6 +136,7 @@ type relayTexts struct {
 	claim  *sqlbuild.Texts[claimTexts]
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
+	purge  *sqlbuild.Texts[string]
 }
 
 // claimTexts are a claim's statements, indexed by topicForm: ClaimSQL,
@@ -174,6 +175,7 @@ func newTexts() relayTexts {
 			return st
 		}),
 		renew: sqlbuild.NewTexts(RenewSQL),
+		purge: sqlbuild.NewTexts(PurgeSQL),
 	}
 }
 
@@ -378,14 +380,56 @@ func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic
     WHERE state = 'dead' AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`, topic)
 }
 
-func (*dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
-	ss := make([]string, len(states))
-	for i, s := range states {
-		ss[i] = string(s)
-	}
-	return count(ctx, db, `WITH d AS (DELETE FROM `+QuoteTable(t)+`
-    WHERE state = ANY($1::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - make_interval(secs => $2::float8) RETURNING 1)
-SELECT count(*) FROM d`, textArray(ss), olderThan.Seconds())
+// PurgeSQL returns one batch of a purge of table t: it deletes at most $3
+// rows in the states $1 (a text[] literal; only delivered and dead are ever
+// deleted) settled more than $2 seconds ago, and returns how many. $4 names
+// the purge (see purgeKey).
+//
+// The rows are chosen, through the settled index, by id = ANY(ARRAY(SELECT
+// ... LIMIT $3)): the array is built once, so the batch never exceeds its
+// LIMIT whatever the plan (the planner may flatten id IN (SELECT ... LIMIT)
+// into a join that re-runs it).
+//
+// One purge of a table and states at a time, across replicas: each batch
+// takes pg_try_advisory_xact_lock on the purge's key, once (an InitPlan,
+// the One-Time Filter of the scan), and deletes nothing when another
+// session's batch holds it. The janitor of every replica purges on the same
+// schedule; one of them deleting the backlog, batch after batch, while the
+// others find the lock taken and return at once, bounds the write load on
+// the primary whatever the number of replicas. The lock is scoped to the
+// batch's transaction (no session state: it works behind PgBouncer in
+// transaction mode) and keyed on the states too, so an operator's purge of
+// dead messages is never turned away by a janitor purging delivered ones.
+// FOR UPDATE SKIP LOCKED then keeps purges of different states, and a
+// redrive or a relay's settle of a dead row, from waiting on each other's
+// row locks: a batch never waits, its length is only its own work.
+func PurgeSQL(t outbox.Table) string {
+	tbl := QuoteTable(t)
+	return `WITH d AS (DELETE FROM ` + tbl + ` WHERE id = ANY (ARRAY(
+    SELECT id FROM ` + tbl + `
+    WHERE state = ANY($1::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - make_interval(secs => $2::float8)
+      AND (SELECT pg_try_advisory_xact_lock(hashtext('oncommit.purge'), hashtext($4)))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED))
+  RETURNING 1)
+SELECT count(*) FROM d`
+}
+
+// purgeKey names a purge of states of table t for PurgeSQL's lock.
+func purgeKey(t outbox.Table, states []string) string {
+	return t.String() + " " + strings.Join(states, ",")
+}
+
+// Purge deletes in batches of sqlbuild.PurgeBatch rows, each its own
+// statement and commit (see PurgeSQL), until a batch deletes fewer or ctx
+// ends: a backlog too large to delete within one command timeout is
+// deleted over several purges instead of never.
+func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+	ss := sqlbuild.TerminalStates(states)
+	q, key, list := d.texts.purge.Get(t), purgeKey(t, ss), textArray(ss)
+	return sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
+		return count(ctx, db, q, list, olderThan.Seconds(), sqlbuild.PurgeBatch, key)
+	})
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {

@@ -101,6 +101,7 @@ type relayTexts struct {
 	claim  *sqlbuild.Texts[string]
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
+	purge  *sqlbuild.Texts[string]
 }
 
 // settleTexts are SettleSQL's statements.
@@ -116,6 +117,7 @@ func newTexts() relayTexts {
 			return st
 		}),
 		renew: sqlbuild.NewTexts(RenewSQL),
+		purge: sqlbuild.NewTexts(PurgeSQL),
 	}
 }
 
@@ -301,14 +303,34 @@ func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic
 WHERE state = 'dead' AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
 }
 
-func (*dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
-	ss := make([]string, len(states))
-	for i, s := range states {
-		ss[i] = string(s)
-	}
-	return count(ctx, db, `DELETE FROM `+QuoteTable(t)+`
-WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dead') AND settled_at < `+now+` - ?2 RETURNING 1`,
-		jsonText(ss), olderThan.Milliseconds())
+// PurgeSQL returns one batch of a purge of table t: it deletes at most ?3
+// rows in the states ?1 (a JSON array; only delivered and dead are ever
+// deleted) settled more than ?2 milliseconds ago, found through the
+// settled index, and returns a row for each. The LIMIT subquery is
+// evaluated once, so the batch never exceeds it.
+func PurgeSQL(t outbox.Table) string {
+	tbl := QuoteTable(t)
+	return `DELETE FROM ` + tbl + ` WHERE rowid IN (
+    SELECT rowid FROM ` + tbl + `
+    WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dead') AND settled_at < ` + now + ` - ?2
+    LIMIT ?3)
+RETURNING 1`
+}
+
+// Purge deletes in batches of sqlbuild.PurgeBatch rows, each one short
+// statement in autocommit (see PurgeSQL), until a batch deletes fewer or
+// ctx ends: SQLite has one writer, and a purge of a large backlog in one
+// statement would hold the write lock, and every publisher waiting on it,
+// for as long as it runs; between batches publishers and claims take their
+// turn. A batch that meets SQLITE_BUSY starts over, as the relay's
+// statements do.
+func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+	db = relayDB(db)
+	q, list := d.texts.purge.Get(t), jsonText(sqlbuild.TerminalStates(states))
+	n, err := sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
+		return count(ctx, db, q, list, olderThan.Milliseconds(), sqlbuild.PurgeBatch)
+	})
+	return n, d.Classify(err)
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {

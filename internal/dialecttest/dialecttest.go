@@ -76,6 +76,7 @@ func Run(t *testing.T, h Harness) {
 		{"RedriveAttempts", redriveAttempts},
 		{"CancelAndInvalidPayload", cancelAndInvalid},
 		{"Purge", purge},
+		{"PurgeBatches", purgeBatches},
 		{"Stats", stats},
 		{"KeepDelivered", keepDelivered},
 		{"ShutdownDrain", shutdownDrain},
