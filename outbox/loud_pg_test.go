@@ -12,6 +12,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -35,8 +36,9 @@ func runErr(t *testing.T, r *outbox.Relay, within time.Duration) (time.Duration,
 	}
 }
 
-// TestRunSchemaChecks: Run fails at once on a missing table and on a table
-// that lacks the relay's columns, on every PostgreSQL driver; the error
+// TestRunSchemaChecks: Run fails at once on a missing table, on a table
+// that lacks the relay's columns, and on a table whose last migrations
+// have not run (no attempts_base), on every PostgreSQL driver; the error
 // says "outbox:" once.
 func TestRunSchemaChecks(t *testing.T) {
 	t.Parallel()
@@ -44,13 +46,25 @@ func TestRunSchemaChecks(t *testing.T) {
 	if _, err := pgtest.Admin(t).Exec(`CREATE TABLE ` + schema + `.old (id uuid PRIMARY KEY, topic text)`); err != nil {
 		t.Fatal(err)
 	}
+	migs, err := migrations.Load(migrations.Postgres(), schema+".unmigrated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range migs {
+		if m.Name == "attempts_base" {
+			break
+		}
+		if _, err := pgtest.Admin(t).Exec(m.Up); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dbs := map[string]outbox.DB{
 		"pgx":        pgxtx.Pool(pool(t)),
 		"pgx-stdlib": sqltx.Pool(pgtest.Open(t, "pgx")),
 		"lib/pq":     sqltx.Pool(pgtest.Open(t, "postgres")),
 	}
 	for name, db := range dbs {
-		for table, want := range map[string]error{"missing": outbox.ErrTableMissing, "old": outbox.ErrSchemaMismatch} {
+		for table, want := range map[string]error{"missing": outbox.ErrTableMissing, "old": outbox.ErrSchemaMismatch, "unmigrated": outbox.ErrSchemaMismatch} {
 			ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: schema + "." + table})
 			if err != nil {
 				t.Fatal(err)

@@ -27,6 +27,14 @@ func (o *Outbox) relayDialect() (RelayDialect, error) {
 // Purge deletes dead and/or delivered messages settled more than
 // opts.OlderThan ago, and returns how many it deleted. Pending and
 // processing messages are never purged.
+//
+// It deletes in batches, each a short statement that commits on its own,
+// until none is left or ctx ends: on an error (ctx's deadline, say) it
+// returns the messages deleted so far with the error, and a later Purge
+// goes on from there. On PostgreSQL one purge of a table and states runs
+// at a time: a Purge that finds another one under way (the janitor of
+// another replica, say) stops there and returns what it deleted so far,
+// leaving the rest to the other.
 func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, error) {
 	rd, err := o.relayDialect()
 	if err != nil {
@@ -46,14 +54,18 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 	}
 	n, err := rd.Purge(ctx, db, o.table, states, opts.OlderThan)
 	if err != nil {
-		return 0, wrapOp(ctx, "purge", err)
+		return n, wrapOp(ctx, "purge", err)
 	}
 	return n, nil
 }
 
-// Redrive makes dead messages pending again, due now, with their attempts
-// reset to zero: of one topic, or of all topics when topic is "". It
-// returns how many it revived.
+// Redrive makes dead messages pending again, due now, each with
+// RelayConfig.MaxAttempts fresh attempts (its handler sees
+// Delivery.Attempt 1 again): of one topic, or of all topics when topic is
+// "". It returns how many it revived. The attempts column keeps counting
+// (attempts_base records where the fresh attempts start), so a relay still
+// holding a claim made before the redrive cannot settle the redriven
+// message.
 func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error) {
 	rd, err := o.relayDialect()
 	if err != nil {

@@ -239,7 +239,8 @@ func TestPlansUseIndexes(t *testing.T) {
 		"retry":             explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
 		"dead":              explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
 		"renew":             explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
-		"purge":             explain(`DELETE FROM ` + e.table + ` WHERE state = ANY('{dead}'::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - interval '10 hours'`),
+		"purge":             explain(postgres.PurgeSQL(e.ob.Table()), "{dead}", 36000.0, 1000, "key"),
+		"generic purge":     genericPurgePlan(t, postgres.PurgeSQL(e.ob.Table())),
 		"generic claim":     genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 2, false), `'{t1,t2}', 100, 30, 10, '{`+id+`}', '{1}'`),
 		"generic claim one": genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 1, false), `'t1', 100, 30, 10, '{`+id+`}', '{1}'`),
 	} {
@@ -248,6 +249,13 @@ func TestPlansUseIndexes(t *testing.T) {
 		}
 		if !strings.Contains(plan, "Index") {
 			t.Errorf("%s plan uses no index:\n%s", name, plan)
+		}
+		if strings.Contains(name, "purge") {
+			// Through the settled index, the lock taken once (not per
+			// row), the rows deleted by primary key.
+			if !strings.Contains(plan, "outbox_settled_idx") || !strings.Contains(plan, "One-Time Filter") || !strings.Contains(plan, "outbox_pkey") {
+				t.Errorf("%s plan does not find the rows through the settled index, lock once and delete by key:\n%s", name, plan)
+			}
 		}
 		if strings.Contains(name, "claim") {
 			// The due rows come from an index in claim order: a Sort
@@ -261,6 +269,13 @@ func TestPlansUseIndexes(t *testing.T) {
 		}
 		t.Logf("%s:\n%s", name, plan)
 	}
+}
+
+// genericPurgePlan returns the plan of postgres.PurgeSQL q under a generic
+// plan, as genericPlan does for a claim.
+func genericPurgePlan(t *testing.T, q string) string {
+	t.Helper()
+	return preparedPlan(t, "text, float8, int, text", q, `'{dead}', 36000, 1000, 'key'`)
 }
 
 // planOf runs q (an EXPLAIN) on db and returns its output, a line a row.
@@ -296,21 +311,28 @@ func explainPlan(t *testing.T, q string, args ...any) string {
 // options, such as "(FORMAT JSON)".
 func genericPlan(t *testing.T, q, args string, opts ...string) string {
 	t.Helper()
+	// $1 is text in both forms: the topic, or a text[] literal.
+	return preparedPlan(t, "text, int, float8, int, text, text", q, args, opts...)
+}
+
+// preparedPlan prepares q with parameters of types on a connection of its
+// own under force_generic_plan, and returns the plan of EXECUTE with args.
+func preparedPlan(t *testing.T, types, q, args string, opts ...string) string {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pgtest.Admin(t).Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	// $1 is text in both forms: the topic, or a text[] literal.
-	for _, q := range []string{`SET plan_cache_mode = force_generic_plan`, `PREPARE generic_claim (text, int, float8, int, text, text) AS ` + q} {
+	for _, q := range []string{`SET plan_cache_mode = force_generic_plan`, `PREPARE generic_stmt (` + types + `) AS ` + q} {
 		if _, err := conn.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 	}
 	defer conn.ExecContext(ctx, `RESET plan_cache_mode`)
-	defer conn.ExecContext(ctx, `DEALLOCATE generic_claim`)
-	return planOf(t, conn, `EXPLAIN `+strings.Join(opts, " ")+` EXECUTE generic_claim (`+args+`)`)
+	defer conn.ExecContext(ctx, `DEALLOCATE generic_stmt`)
+	return planOf(t, conn, `EXPLAIN `+strings.Join(opts, " ")+` EXECUTE generic_stmt (`+args+`)`)
 }
 
 // TestClaimOfOneTopicSkipsOtherTopics: 50 due rows of one topic behind

@@ -108,7 +108,7 @@ type Cursor struct {
 // were read (it reads them to see that they are no longer due).
 func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID, limit int) string {
 	var b strings.Builder
-	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
+	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
 	keys(&b, t, ids)
 	b.WriteString("\nWHERE o.claim_at <= " + now + " AND CAST(o.topic AS BINARY) IN (")
 	for i, topic := range topics {
@@ -317,7 +317,7 @@ func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPa
 		var id string
 		var key sql.NullString
 		var created int64
-		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &created); err != nil {
+		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &created); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -327,8 +327,9 @@ func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPa
 		}
 		c.Key = key.String
 		c.CreatedAt = time.UnixMicro(created).UTC()
-		// The rows are locked: the update sees these attempts.
-		if c.Attempts >= p.MaxAttempts {
+		// The rows are locked: the update sees these attempts. A row
+		// that had its p.MaxAttempts since its last redrive is dead.
+		if c.Attempts-c.AttemptsBase >= p.MaxAttempts {
 			c.Dead = true
 		} else {
 			c.Attempts++
@@ -684,7 +685,8 @@ func (d *dialect) batched(ctx context.Context, db outbox.DB, op, find string, wr
 // RedriveSQL returns the redrive of dead rows of topic ("" for all): find
 // lists dead rows (dead rows have settled_at set, so the settled_at index
 // can find them), revive makes those of ids still dead pending again, due
-// now, with zero attempts, by primary key (see [KeysSQL]).
+// now, with attempts_base = attempts (attempts stays: (id, attempts) fences
+// one claim and must never repeat), by primary key (see [KeysSQL]).
 func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []outbox.ID) string) {
 	var cond strings.Builder
 	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'")
@@ -697,7 +699,7 @@ func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []ou
 		var b strings.Builder
 		b.WriteString("UPDATE ")
 		keys(&b, t, ids)
-		b.WriteString("\nSET o.state = 'pending', o.attempts = 0, o.available_at = " + now + ", o.settled_at = NULL, o.last_error = NULL\nWHERE " + cond.String())
+		b.WriteString("\nSET o.state = 'pending', o.attempts_base = o.attempts, o.available_at = " + now + ", o.settled_at = NULL, o.last_error = NULL\nWHERE " + cond.String())
 		return b.String()
 	}
 }

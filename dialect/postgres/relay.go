@@ -48,8 +48,8 @@ SELECT ` + claimedColumns + ` FROM claimed`
 // claimedColumns are the columns a claim returns, none of them NULL but the
 // payload and headers (so rows scan into plain strings, integers and times,
 // with no per-row allocation for a NULL-able wrapper): id, topic, key (empty
-// for none), payload, headers, attempts, kind, created_at.
-const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, ` + kindClaimed + `, created_at`
+// for none), payload, headers, attempts, attempts_base, kind, created_at.
+const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, ` + kindClaimed + `, created_at`
 
 // The kind of a row a claim returns, as an integer (no string to allocate
 // per row): claimed, dead-lettered at claim, or a carried success settled.
@@ -74,7 +74,7 @@ func ClaimSettleSQL(t outbox.Table, topics int, keep bool) string {
 	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
-SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
+SELECT id::text, '', '', NULL, NULL, attempts, 0, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
 }
 
 // claimCTE returns the claim's WITH clause: due (the rows to claim,
@@ -94,6 +94,8 @@ SELECT id::text, '', '', NULL, NULL, attempts, ` + strconv.Itoa(rowSettled) + `,
 // settle needs.
 func claimCTE(t outbox.Table, done string, topics int) string {
 	tbl := QuoteTable(t)
+	// spent: the row had its $4 attempts since its last redrive.
+	const spent = `o.attempts - o.attempts_base >= $4`
 	with, after, skip := `WITH `, "", ""
 	// topic || '' keeps the topic claim index out of a claim of several
 	// topics: it returns each topic's rows in their own order, and a plan
@@ -119,13 +121,13 @@ func claimCTE(t outbox.Table, done string, topics int) string {
     FOR UPDATE SKIP LOCKED),
 claimed AS (
     UPDATE ` + tbl + ` AS o SET
-        state        = CASE WHEN o.attempts >= $4 THEN 'dead' ELSE 'processing' END,
-        attempts     = CASE WHEN o.attempts >= $4 THEN o.attempts ELSE o.attempts + 1 END,
-        available_at = CASE WHEN o.attempts >= $4 THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
-        settled_at   = CASE WHEN o.attempts >= $4 THEN now() END,
-        last_error   = CASE WHEN o.attempts >= $4 THEN 'max attempts reached' ELSE o.last_error END
+        state        = CASE WHEN ` + spent + ` THEN 'dead' ELSE 'processing' END,
+        attempts     = CASE WHEN ` + spent + ` THEN o.attempts ELSE o.attempts + 1 END,
+        available_at = CASE WHEN ` + spent + ` THEN o.available_at ELSE now() + make_interval(secs => $3::float8) END,
+        settled_at   = CASE WHEN ` + spent + ` THEN now() END,
+        last_error   = CASE WHEN ` + spent + ` THEN 'max attempts reached' ELSE o.last_error END
     WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM due))` + skip + `
-    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.state, o.created_at)`
+    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, o.state, o.created_at)`
 }
 
 // relayTexts caches the relay's statements per table (built once, not on
@@ -134,6 +136,7 @@ type relayTexts struct {
 	claim  *sqlbuild.Texts[claimTexts]
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
+	purge  *sqlbuild.Texts[string]
 }
 
 // claimTexts are a claim's statements, indexed by topicForm: ClaimSQL,
@@ -172,6 +175,7 @@ func newTexts() relayTexts {
 			return st
 		}),
 		renew: sqlbuild.NewTexts(RenewSQL),
+		purge: sqlbuild.NewTexts(PurgeSQL),
 	}
 }
 
@@ -203,7 +207,7 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 	var c outbox.Claimed
 	var id string
 	var kind int
-	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &kind, &c.CreatedAt}
+	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
 	for rows.Next() {
 		c = outbox.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
@@ -371,18 +375,61 @@ func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, err
 }
 
 func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
-	return count(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts = 0, available_at = now(), settled_at = NULL, last_error = NULL
+	// attempts stays: (id, attempts) fences one claim and must never repeat.
+	return count(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
     WHERE state = 'dead' AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`, topic)
 }
 
-func (*dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
-	ss := make([]string, len(states))
-	for i, s := range states {
-		ss[i] = string(s)
-	}
-	return count(ctx, db, `WITH d AS (DELETE FROM `+QuoteTable(t)+`
-    WHERE state = ANY($1::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - make_interval(secs => $2::float8) RETURNING 1)
-SELECT count(*) FROM d`, textArray(ss), olderThan.Seconds())
+// PurgeSQL returns one batch of a purge of table t: it deletes at most $3
+// rows in the states $1 (a text[] literal; only delivered and dead are ever
+// deleted) settled more than $2 seconds ago, and returns how many. $4 names
+// the purge (see purgeKey).
+//
+// The rows are chosen, through the settled index, by id = ANY(ARRAY(SELECT
+// ... LIMIT $3)): the array is built once, so the batch never exceeds its
+// LIMIT whatever the plan (the planner may flatten id IN (SELECT ... LIMIT)
+// into a join that re-runs it).
+//
+// One purge of a table and states at a time, across replicas: each batch
+// takes pg_try_advisory_xact_lock on the purge's key, once (an InitPlan,
+// the One-Time Filter of the scan), and deletes nothing when another
+// session's batch holds it. The janitor of every replica purges on the same
+// schedule; one of them deleting the backlog, batch after batch, while the
+// others find the lock taken and return at once, bounds the write load on
+// the primary whatever the number of replicas. The lock is scoped to the
+// batch's transaction (no session state: it works behind PgBouncer in
+// transaction mode) and keyed on the states too, so an operator's purge of
+// dead messages is never turned away by a janitor purging delivered ones.
+// FOR UPDATE SKIP LOCKED then keeps purges of different states, and a
+// redrive or a relay's settle of a dead row, from waiting on each other's
+// row locks: a batch never waits, its length is only its own work.
+func PurgeSQL(t outbox.Table) string {
+	tbl := QuoteTable(t)
+	return `WITH d AS (DELETE FROM ` + tbl + ` WHERE id = ANY (ARRAY(
+    SELECT id FROM ` + tbl + `
+    WHERE state = ANY($1::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - make_interval(secs => $2::float8)
+      AND (SELECT pg_try_advisory_xact_lock(hashtext('oncommit.purge'), hashtext($4)))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED))
+  RETURNING 1)
+SELECT count(*) FROM d`
+}
+
+// purgeKey names a purge of states of table t for PurgeSQL's lock.
+func purgeKey(t outbox.Table, states []string) string {
+	return t.String() + " " + strings.Join(states, ",")
+}
+
+// Purge deletes in batches of sqlbuild.PurgeBatch rows, each its own
+// statement and commit (see PurgeSQL), until a batch deletes fewer or ctx
+// ends: a backlog too large to delete within one command timeout is
+// deleted over several purges instead of never.
+func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+	ss := sqlbuild.TerminalStates(states)
+	q, key, list := d.texts.purge.Get(t), purgeKey(t, ss), textArray(ss)
+	return sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
+		return count(ctx, db, q, list, olderThan.Seconds(), sqlbuild.PurgeBatch, key)
+	})
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {

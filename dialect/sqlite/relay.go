@@ -25,19 +25,21 @@ import (
 // ?2 limit, ?3 lease in milliseconds, ?4 max attempts.
 func ClaimSQL(t outbox.Table) string {
 	tbl := QuoteTable(t)
+	// spent: the row had its ?4 attempts since its last redrive.
+	const spent = `attempts - attempts_base >= ?4`
 	return `UPDATE ` + tbl + ` SET
-    state        = CASE WHEN attempts >= ?4 THEN 'dead' ELSE 'processing' END,
-    settled_at   = CASE WHEN attempts >= ?4 THEN ` + now + ` END,
-    last_error   = CASE WHEN attempts >= ?4 THEN 'max attempts reached' ELSE last_error END,
-    available_at = CASE WHEN attempts >= ?4 THEN available_at ELSE ` + now + ` + ?3 END,
-    attempts     = CASE WHEN attempts >= ?4 THEN attempts ELSE attempts + 1 END
+    state        = CASE WHEN ` + spent + ` THEN 'dead' ELSE 'processing' END,
+    settled_at   = CASE WHEN ` + spent + ` THEN ` + now + ` END,
+    last_error   = CASE WHEN ` + spent + ` THEN 'max attempts reached' ELSE last_error END,
+    available_at = CASE WHEN ` + spent + ` THEN available_at ELSE ` + now + ` + ?3 END,
+    attempts     = CASE WHEN ` + spent + ` THEN attempts ELSE attempts + 1 END
 WHERE rowid IN (
     SELECT rowid FROM ` + tbl + `
     WHERE state IN ('pending', 'processing') AND available_at <= ` + now + `
       AND topic IN (SELECT value FROM json_each(?1))
     ORDER BY available_at, id
     LIMIT ?2)
-RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, state, created_at`
+RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, attempts_base, state, created_at`
 }
 
 // relayDB returns db as the relay's statements run on it: prepared, when db
@@ -99,6 +101,7 @@ type relayTexts struct {
 	claim  *sqlbuild.Texts[string]
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
+	purge  *sqlbuild.Texts[string]
 }
 
 // settleTexts are SettleSQL's statements.
@@ -114,6 +117,7 @@ func newTexts() relayTexts {
 			return st
 		}),
 		renew: sqlbuild.NewTexts(RenewSQL),
+		purge: sqlbuild.NewTexts(PurgeSQL),
 	}
 }
 
@@ -145,7 +149,7 @@ func (d *dialect) claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 	var c outbox.Claimed
 	var id, state string
 	var created int64
-	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &state, &created}
+	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &state, &created}
 	for rows.Next() {
 		c = outbox.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
@@ -294,18 +298,39 @@ func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, err
 }
 
 func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
-	return count(ctx, db, `UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts = 0, available_at = `+now+`, settled_at = NULL, last_error = NULL
+	// attempts stays: (id, attempts) fences one claim and must never repeat.
+	return count(ctx, db, `UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = `+now+`, settled_at = NULL, last_error = NULL
 WHERE state = 'dead' AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
 }
 
-func (*dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
-	ss := make([]string, len(states))
-	for i, s := range states {
-		ss[i] = string(s)
-	}
-	return count(ctx, db, `DELETE FROM `+QuoteTable(t)+`
-WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dead') AND settled_at < `+now+` - ?2 RETURNING 1`,
-		jsonText(ss), olderThan.Milliseconds())
+// PurgeSQL returns one batch of a purge of table t: it deletes at most ?3
+// rows in the states ?1 (a JSON array; only delivered and dead are ever
+// deleted) settled more than ?2 milliseconds ago, found through the
+// settled index, and returns a row for each. The LIMIT subquery is
+// evaluated once, so the batch never exceeds it.
+func PurgeSQL(t outbox.Table) string {
+	tbl := QuoteTable(t)
+	return `DELETE FROM ` + tbl + ` WHERE rowid IN (
+    SELECT rowid FROM ` + tbl + `
+    WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dead') AND settled_at < ` + now + ` - ?2
+    LIMIT ?3)
+RETURNING 1`
+}
+
+// Purge deletes in batches of sqlbuild.PurgeBatch rows, each one short
+// statement in autocommit (see PurgeSQL), until a batch deletes fewer or
+// ctx ends: SQLite has one writer, and a purge of a large backlog in one
+// statement would hold the write lock, and every publisher waiting on it,
+// for as long as it runs; between batches publishers and claims take their
+// turn. A batch that meets SQLITE_BUSY starts over, as the relay's
+// statements do.
+func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+	db = relayDB(db)
+	q, list := d.texts.purge.Get(t), jsonText(sqlbuild.TerminalStates(states))
+	n, err := sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
+		return count(ctx, db, q, list, olderThan.Milliseconds(), sqlbuild.PurgeBatch)
+	})
+	return n, d.Classify(err)
 }
 
 func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {

@@ -2,7 +2,7 @@ package sqlbuild
 
 // Columns are the outbox table's columns that every dialect's relay reads
 // or writes.
-const Columns = "id, topic, message_key, payload, headers, dedup_key, state, attempts, available_at, created_at, settled_at, last_error"
+const Columns = "id, topic, message_key, payload, headers, dedup_key, state, attempts, attempts_base, available_at, created_at, settled_at, last_error"
 
 // CheckSQL is a read of every column of the quoted table that returns no
 // row: it fails when the table or one of the columns is missing.
