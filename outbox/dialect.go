@@ -210,7 +210,11 @@ type RelayDialect interface {
 	Redrive(ctx context.Context, db DB, t Table, topic string) (int64, error)
 
 	// Purge deletes messages in the given terminal states settled more than
-	// olderThan ago, and returns how many.
+	// olderThan ago, in bounded batches (each its own short statement, so a
+	// large backlog never needs one long transaction and publishers
+	// interleave), until a batch deletes fewer than its limit or ctx ends,
+	// and returns how many it deleted: on an error, the count deleted so far
+	// with the error.
 	Purge(ctx context.Context, db DB, t Table, states []State, olderThan time.Duration) (int64, error)
 
 	// Stats returns counts per topic.
