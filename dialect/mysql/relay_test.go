@@ -40,16 +40,6 @@ func (l *lockRetries) dialect() outbox.Dialect {
 	}})
 }
 
-func (l *lockRetries) total() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, k := range l.byOp {
-		n += k
-	}
-	return n
-}
-
 // newRetryEnv returns a fresh env whose dialect counts its reruns.
 func newRetryEnv(t *testing.T) (*lockRetries, outbox.RelayDialect, *env) {
 	t.Helper()
