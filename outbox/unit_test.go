@@ -170,3 +170,22 @@ func TestCheckJSONAllocs(t *testing.T) {
 		t.Errorf("%v allocations per check, want 0", n)
 	}
 }
+
+// TestDialectDepth: a dialect's Capabilities.MaxJSONDepth lowers the
+// nesting limit, never raises it above MaxPayloadDepth.
+func TestDialectDepth(t *testing.T) {
+	deep := func(n int) []byte { return []byte(strings.Repeat("[", n) + strings.Repeat("]", n)) }
+	for _, tc := range []struct{ caps, want int }{{0, MaxPayloadDepth}, {3, 3}, {31, 31}, {MaxPayloadDepth + 100, MaxPayloadDepth}} {
+		ob, err := New(stubDialect{Capabilities{MaxJSONDepth: tc.caps}}, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ob.PublishSQL(Message{Topic: "t", Payload: deep(tc.want)}); err != nil {
+			t.Errorf("MaxJSONDepth %d: %d levels refused: %v", tc.caps, tc.want, err)
+		}
+		var me *MessageError
+		if _, err := ob.PublishSQL(Message{Topic: "t", Payload: deep(tc.want + 1)}); !errors.As(err, &me) || me.Field != "Payload" {
+			t.Errorf("MaxJSONDepth %d: %d levels: %v, want a MessageError on Payload", tc.caps, tc.want+1, err)
+		}
+	}
+}
