@@ -77,6 +77,12 @@ type Capabilities struct {
 	// PollInterval, when not zero, is the relay's default poll interval
 	// for this dialect (short where nothing wakes relays, as on SQLite).
 	PollInterval time.Duration
+	// MaxJSONDepth, when not zero, is the deepest nesting of arrays and
+	// objects the database's JSON column accepts, when that is less than
+	// MaxPayloadDepth (MariaDB's JSON_VALID refuses 32 levels): Publish
+	// refuses deeper payloads before sending anything. Zero means
+	// MaxPayloadDepth.
+	MaxJSONDepth int
 }
 
 // Table is the validated name of the outbox table.

@@ -20,7 +20,9 @@ const (
 	// MaxHeadersBytes is the largest accepted size of the headers, encoded as JSON.
 	MaxHeadersBytes = 64 << 10
 	// MaxPayloadDepth is the deepest nesting of arrays and objects accepted
-	// in a payload.
+	// in a payload on any dialect. A dialect whose JSON column accepts less
+	// says so in Capabilities.MaxJSONDepth, and that limit applies instead
+	// (MySQL/MariaDB: 31).
 	MaxPayloadDepth = 512
 )
 
@@ -38,9 +40,23 @@ type Message struct {
 
 	// Payload is the message body: a JSON document, stored in a JSON column.
 	// Nil or empty means no payload (SQL NULL); the JSON text null is stored
-	// as JSON null. It must be valid UTF-8 JSON, without the \u0000 escape
-	// (PostgreSQL's jsonb refuses it), nested at most MaxPayloadDepth deep,
-	// and at most Config.MaxPayloadBytes long.
+	// as JSON null. It must be at most Config.MaxPayloadBytes long, valid
+	// UTF-8 and valid JSON (RFC 8259, what encoding/json accepts), and
+	// every supported database must be able to store it, so that a payload
+	// accepted in tests on SQLite is accepted in production on PostgreSQL:
+	//   - no \u0000 escape (PostgreSQL's jsonb refuses it);
+	//   - a \u escape of a UTF-16 surrogate (\ud800 to \udfff) only as a
+	//     high one followed by a low one, a pair such as \ud83d\ude00
+	//     (jsonb and MariaDB refuse the others);
+	//   - numbers that PostgreSQL's numeric holds: at most 131072 digits
+	//     before the decimal point and 16383 after it, trailing zeros
+	//     included, once the exponent is applied (1e131071 and 1e-16383 are
+	//     accepted, 10e131071, 1.0e-16383 and 0e-16384 refused), and an
+	//     exponent below 1073741823 even for zero;
+	//   - nested at most MaxPayloadDepth deep, or the dialect's
+	//     Capabilities.MaxJSONDepth when less (MySQL/MariaDB: 31).
+	// Publish refuses any other payload with a [*MessageError] before
+	// sending anything, so the transaction stays usable.
 	Payload []byte
 
 	// Headers are optional string metadata (trace ids, content type).
@@ -110,7 +126,7 @@ func checkText(idx int, field, s string, max int, required bool) error {
 }
 
 // toRow validates m and returns the row to store.
-func toRow(idx int, m *Message, maxPayload int) (Row, error) {
+func toRow(idx int, m *Message, maxPayload, maxDepth int) (Row, error) {
 	if err := checkText(idx, "Topic", m.Topic, MaxTopicBytes, true); err != nil {
 		return Row{}, err
 	}
@@ -124,7 +140,7 @@ func toRow(idx int, m *Message, maxPayload int) (Row, error) {
 		return Row{}, &MessageError{idx, "Payload", "larger than the limit of " + strconv.Itoa(maxPayload) + " bytes"}
 	}
 	if len(m.Payload) > 0 {
-		if reason := checkJSON(m.Payload); reason != "" {
+		if reason := checkJSON(m.Payload, maxDepth); reason != "" {
 			return Row{}, &MessageError{idx, "Payload", reason}
 		}
 	}
@@ -168,36 +184,4 @@ func toRow(idx int, m *Message, maxPayload int) (Row, error) {
 		ID: NewID(), Topic: m.Topic, Key: m.Key, Payload: payload, Headers: headers,
 		DedupKey: m.DedupKey, Delay: m.Delay, NotBefore: nb,
 	}, nil
-}
-
-// checkJSON returns why p cannot be stored in a JSON column, or "".
-func checkJSON(p []byte) string {
-	if !utf8.Valid(p) {
-		return "not valid UTF-8"
-	}
-	if !json.Valid(p) {
-		return "not valid JSON"
-	}
-	// p is valid JSON: backslashes occur only inside strings, quotes only
-	// delimit strings or follow a backslash.
-	depth, inString := 0, false
-	for i := 0; i < len(p); i++ {
-		switch c := p[i]; {
-		case inString && c == '\\':
-			if p[i+1] == 'u' && string(p[i+2:i+6]) == "0000" {
-				return `contains the \u0000 escape, which JSON columns refuse`
-			}
-			i++
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '[' || c == '{':
-			if depth++; depth > MaxPayloadDepth {
-				return "nested deeper than " + strconv.Itoa(MaxPayloadDepth) + " levels"
-			}
-		case c == ']' || c == '}':
-			depth--
-		}
-	}
-	return ""
 }

@@ -87,6 +87,9 @@ type Outbox struct {
 	d     Dialect
 	caps  Capabilities
 	table Table
+	// depth is the deepest payload nesting accepted: MaxPayloadDepth or
+	// the dialect's Capabilities.MaxJSONDepth, whichever is less.
+	depth int
 	cfg   Config
 	// wakeLoud is the notification a notifying publish sends (Send is
 	// false when the Outbox never notifies).
@@ -164,7 +167,10 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	if cfg.NotifyInterval < 0 {
 		return nil, &ConfigError{"NotifyInterval", "must not be negative"}
 	}
-	o := &Outbox{d: d, caps: caps, table: table, cfg: cfg, epoch: time.Now()}
+	o := &Outbox{d: d, caps: caps, table: table, depth: MaxPayloadDepth, cfg: cfg, epoch: time.Now()}
+	if caps.MaxJSONDepth > 0 {
+		o.depth = min(o.depth, caps.MaxJSONDepth)
+	}
 	o.lastNotify.Store(-int64(cfg.NotifyInterval)) // the first publish notifies
 	if notify {
 		o.wakeLoud.Send = true
@@ -290,7 +296,7 @@ func (o *Outbox) rows(msgs []Message) ([]Row, error) {
 	}
 	rows := make([]Row, len(msgs))
 	for i := range msgs {
-		r, err := toRow(i, &msgs[i], o.cfg.MaxPayloadBytes)
+		r, err := toRow(i, &msgs[i], o.cfg.MaxPayloadBytes, o.depth)
 		if err != nil {
 			return nil, err
 		}

@@ -178,6 +178,8 @@ var badMessages = []struct {
 	{"u0000", outbox.Message{Topic: "t", Payload: []byte(`{"a":"x\u0000y"}`)}, "Payload"},
 	{"invalid utf8 in string", outbox.Message{Topic: "t", Payload: []byte("{\"a\":\"\xff\"}")}, "Payload"},
 	{"deep nesting", outbox.Message{Topic: "t", Payload: []byte(strings.Repeat("[", outbox.MaxPayloadDepth+1) + strings.Repeat("]", outbox.MaxPayloadDepth+1))}, "Payload"},
+	{"lone surrogate", outbox.Message{Topic: "t", Payload: []byte(`{"a":"\udc00\ud800"}`)}, "Payload"},
+	{"number beyond numeric", outbox.Message{Topic: "t", Payload: []byte(`[1e131072]`)}, "Payload"},
 	{"payload too large", outbox.Message{Topic: "t", Payload: []byte(`"` + strings.Repeat("x", outbox.DefaultMaxPayloadBytes) + `"`)}, "Payload"},
 	{"header NUL", outbox.Message{Topic: "t", Headers: map[string]string{"a": "\x00"}}, "Headers"},
 	{"header key invalid utf8", outbox.Message{Topic: "t", Headers: map[string]string{"\xff": "v"}}, "Headers"},

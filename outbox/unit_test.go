@@ -116,16 +116,76 @@ func TestIDs(t *testing.T) {
 func TestCheckJSON(t *testing.T) {
 	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
 	for _, tc := range []struct {
-		in string
-		ok bool
+		in    string
+		depth int // 0: MaxPayloadDepth
+		ok    bool
 	}{
-		{`null`, true}, {`{}`, true}, {`"a\\u0000"`, true}, {`"\\"`, true}, {`"\"{["`, true},
-		{deep(MaxPayloadDepth), true}, {`{"a":[1,{"b":"\u00e9"}]}`, true},
-		{`"\u0000"`, false}, {`"x\\\u0000"`, false}, {deep(MaxPayloadDepth + 1), false},
-		{`{`, false}, {`NaN`, false}, {`Infinity`, false}, {"\"\xc3\x28\"", false}, {``, false},
+		{in: `null`, ok: true}, {in: `{}`, ok: true}, {in: `"a\\u0000"`, ok: true}, {in: `"\\"`, ok: true}, {in: `"\"{["`, ok: true},
+		{in: deep(MaxPayloadDepth), ok: true}, {in: `{"a":[1,{"b":"\u00e9"}]}`, ok: true},
+		{in: `"\u0000"`, ok: false}, {in: `"x\\\u0000"`, ok: false}, {in: deep(MaxPayloadDepth + 1), ok: false},
+		{in: `{`, ok: false}, {in: `NaN`, ok: false}, {in: `Infinity`, ok: false}, {in: "\"\xc3\x28\"", ok: false}, {in: ``, ok: false},
+		// MariaDB's JSON_VALID: 31 levels, not 32.
+		{in: deep(31), depth: 31, ok: true}, {in: deep(32), depth: 31, ok: false},
+		{in: `[{"a":[{"b":1}]}]`, depth: 4, ok: true}, {in: `[{"a":[{"b":[]}]}]`, depth: 4, ok: false},
+		// UTF-16 surrogate escapes: pairs only (jsonb, MariaDB).
+		{in: `"\ud83d\ude00"`, ok: true}, {in: `"\uDBFF\uDFFF"`, ok: true}, {in: `"\\ud800"`, ok: true},
+		{in: `"\ud800"`, ok: false}, {in: `"\udc00"`, ok: false}, {in: `"\udc00\ud800"`, ok: false},
+		{in: `"\ud800\ud800"`, ok: false}, {in: `"\ud800\u0041"`, ok: false}, {in: `"\ud800\n"`, ok: false}, {in: `{"\udfff":1}`, ok: false},
+		// PostgreSQL's numeric (experiments in docs/dialects.md).
+		{in: `1e131071`, ok: true}, {in: `9.99e131071`, ok: true}, {in: `0.00000001e131079`, ok: true}, {in: `0.5e131072`, ok: true},
+		{in: `1e131072`, ok: false}, {in: `10e131071`, ok: false}, {in: `0.00000001e131080`, ok: false},
+		{in: `1e-16383`, ok: true}, {in: `0.1e-16382`, ok: true}, {in: `123.45e-16381`, ok: true}, {in: `-0.0e-16382`, ok: true},
+		{in: `1e-16384`, ok: false}, {in: `1.0e-16383`, ok: false}, {in: `0.1e-16383`, ok: false}, {in: `123.45e-16382`, ok: false},
+		{in: `0e-20000`, ok: false}, {in: `0.000e-16383`, ok: false}, {in: `-0.0e-16383`, ok: false},
+		{in: `0e20000000`, ok: true}, {in: `0e1073741822`, ok: true}, {in: `0e1073741823`, ok: false}, {in: `0e99999999999999999999`, ok: false},
+		{in: `1E+2`, ok: true}, {in: `-0`, ok: true},
+		{in: "1" + strings.Repeat("0", 131071), ok: true}, {in: "1" + strings.Repeat("0", 131072), ok: false},
+		{in: "0." + strings.Repeat("0", 16382) + "1", ok: true}, {in: "0." + strings.Repeat("0", 16383) + "1", ok: false},
+		// Grammar.
+		{in: `[1,]`, ok: false}, {in: `01`, ok: false}, {in: `1.`, ok: false}, {in: `.5`, ok: false}, {in: `1e`, ok: false},
+		{in: `-`, ok: false}, {in: `1 2`, ok: false}, {in: `{"a"}`, ok: false}, {in: `{"a":1,}`, ok: false}, {in: `[}`, ok: false},
+		{in: `"\x41"`, ok: false}, {in: `"\u12"`, ok: false}, {in: "\"a\tb\"", ok: false}, {in: `tru`, ok: false}, {in: `nul`, ok: false},
+		{in: " \t\n\r[1 , {\"a\" : [true,false,null]} ] ", ok: true},
 	} {
-		if got := checkJSON([]byte(tc.in)) == ""; got != tc.ok {
-			t.Errorf("checkJSON(%q) ok = %v, want %v (%s)", tc.in, got, tc.ok, checkJSON([]byte(tc.in)))
+		depth := tc.depth
+		if depth == 0 {
+			depth = MaxPayloadDepth
+		}
+		reason := checkJSON([]byte(tc.in), depth)
+		if got := reason == ""; got != tc.ok {
+			t.Errorf("checkJSON(%.80q, %d) ok = %v, want %v (%s)", tc.in, depth, got, tc.ok, reason)
+		}
+	}
+}
+
+// TestCheckJSONAllocs: the check runs on every publish and allocates
+// nothing for a payload it accepts.
+func TestCheckJSONAllocs(t *testing.T) {
+	p := []byte(`{"id":"0193a1f2","n":[1,-2.5e-3,1E+2],"s":"caf\u00e9 \ud83d\ude00 \"q\"","ok":true,"x":null}`)
+	if n := testing.AllocsPerRun(100, func() {
+		if r := checkJSON(p, MaxPayloadDepth); r != "" {
+			t.Fatal(r)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per check, want 0", n)
+	}
+}
+
+// TestDialectDepth: a dialect's Capabilities.MaxJSONDepth lowers the
+// nesting limit, never raises it above MaxPayloadDepth.
+func TestDialectDepth(t *testing.T) {
+	deep := func(n int) []byte { return []byte(strings.Repeat("[", n) + strings.Repeat("]", n)) }
+	for _, tc := range []struct{ caps, want int }{{0, MaxPayloadDepth}, {3, 3}, {31, 31}, {MaxPayloadDepth + 100, MaxPayloadDepth}} {
+		ob, err := New(stubDialect{Capabilities{MaxJSONDepth: tc.caps}}, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ob.PublishSQL(Message{Topic: "t", Payload: deep(tc.want)}); err != nil {
+			t.Errorf("MaxJSONDepth %d: %d levels refused: %v", tc.caps, tc.want, err)
+		}
+		var me *MessageError
+		if _, err := ob.PublishSQL(Message{Topic: "t", Payload: deep(tc.want + 1)}); !errors.As(err, &me) || me.Field != "Payload" {
+			t.Errorf("MaxJSONDepth %d: %d levels: %v, want a MessageError on Payload", tc.caps, tc.want+1, err)
 		}
 	}
 }

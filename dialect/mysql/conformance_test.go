@@ -11,11 +11,19 @@ import (
 
 // TestConformance runs the conformance suite on MySQL/MariaDB through
 // go-sql-driver/mysql, a database per test.
-func TestConformance(t *testing.T) {
-	dialecttest.Run(t, dialecttest.Harness{
+func TestConformance(t *testing.T) { dialecttest.Run(t, harness()) }
+
+// FuzzPayload checks that every payload is refused before any SQL is sent
+// or stored and read back JSON-equal (dialecttest.FuzzPayload):
+//
+//	go test ./dialect/mysql -run '^$' -fuzz FuzzPayload -fuzztime 60s
+func FuzzPayload(f *testing.F) { dialecttest.FuzzPayload(f, harness()) }
+
+func harness() dialecttest.Harness {
+	return dialecttest.Harness{
 		Dialect:  mysql.Dialect(),
 		Parallel: true,
-		New: func(t *testing.T) *dialecttest.Store {
+		New: func(t testing.TB) *dialecttest.Store {
 			e := newEnv(t, nil, outbox.Config{})
 			return &dialecttest.Store{
 				Table: e.table,
@@ -27,5 +35,5 @@ func TestConformance(t *testing.T) {
 				Count: func(t *testing.T, where string) int { return count(t, e.table, where) },
 			}
 		},
-	})
+	}
 }

@@ -69,6 +69,12 @@ const MaxParams = 65535
 // key, payload, headers, dedup key, and a delay or not-before time.
 const paramsPerRow = 7
 
+// MaxJSONDepth is the deepest nesting of arrays and objects a payload may
+// have on MySQL/MariaDB: MariaDB's JSON_VALID, which checks the JSON column,
+// refuses 32 levels or more (MySQL 8 refuses more than 100). Publish
+// refuses deeper payloads before sending anything.
+const MaxJSONDepth = 31
+
 // DefaultPollInterval is the relay's default poll interval on MySQL: with
 // no notifications, a relay finds new messages only by polling.
 const DefaultPollInterval = 200 * time.Millisecond
@@ -132,7 +138,7 @@ type dialect struct {
 func (*dialect) Name() string { return "mysql" }
 
 func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval}
+	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.

@@ -13,11 +13,19 @@ import (
 
 // TestConformance runs the conformance suite on SQLite (modernc.org/sqlite,
 // a WAL file per test).
-func TestConformance(t *testing.T) {
-	dialecttest.Run(t, dialecttest.Harness{
+func TestConformance(t *testing.T) { dialecttest.Run(t, harness()) }
+
+// FuzzPayload checks that every payload is refused before any SQL is sent
+// or stored and read back JSON-equal (dialecttest.FuzzPayload):
+//
+//	go test ./dialect/sqlite -run '^$' -fuzz FuzzPayload -fuzztime 60s
+func FuzzPayload(f *testing.F) { dialecttest.FuzzPayload(f, harness()) }
+
+func harness() dialecttest.Harness {
+	return dialecttest.Harness{
 		Dialect:  sqlite.Dialect(),
 		Parallel: true,
-		New: func(t *testing.T) *dialecttest.Store {
+		New: func(t testing.TB) *dialecttest.Store {
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "c.db")+dsnOpts)
 			if err != nil {
 				t.Fatal(err)
@@ -50,5 +58,5 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
-	})
+	}
 }

@@ -44,7 +44,7 @@ type Store struct {
 type Harness struct {
 	Dialect outbox.Dialect
 	// New returns a fresh, migrated store, cleaned up when t ends.
-	New func(t *testing.T) *Store
+	New func(t testing.TB) *Store
 	// Parallel runs the tests in parallel (not for single-file SQLite
 	// databases shared by every test).
 	Parallel bool
@@ -89,18 +89,23 @@ func Run(t *testing.T, h Harness) {
 			if h.Parallel {
 				t.Parallel()
 			}
-			s := h.New(t)
-			ob, err := outbox.New(h.Dialect, outbox.Config{Table: s.Table})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rd, ok := h.Dialect.(outbox.RelayDialect)
-			if !ok {
-				t.Fatalf("%s has no relay", h.Dialect.Name())
-			}
-			tc.f(t, &env{Store: s, ob: ob, rd: rd})
+			tc.f(t, newEnv(t, h))
 		})
 	}
+}
+
+// newEnv returns a fresh store of h with its Outbox and relay dialect.
+func newEnv(t testing.TB, h Harness) *env {
+	s := h.New(t)
+	ob, err := outbox.New(h.Dialect, outbox.Config{Table: s.Table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, ok := h.Dialect.(outbox.RelayDialect)
+	if !ok {
+		t.Fatalf("%s has no relay", h.Dialect.Name())
+	}
+	return &env{Store: s, ob: ob, rd: rd}
 }
 
 func (e *env) publish(t *testing.T, msgs ...outbox.Message) []outbox.Result {

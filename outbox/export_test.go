@@ -1,0 +1,4 @@
+package outbox
+
+// CheckJSON exposes checkJSON to the external tests.
+var CheckJSON = checkJSON
