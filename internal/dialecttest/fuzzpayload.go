@@ -53,8 +53,9 @@ func parseCorpusFile(b []byte) ([]byte, error) {
 	if !ok {
 		return nil, errors.New("not a go test fuzz v1 file")
 	}
-	lit, ok := strings.CutPrefix(strings.TrimSpace(string(rest)), "[]byte(")
-	if lit, ok = strings.CutSuffix(lit, ")"); !ok {
+	lit, open := strings.CutPrefix(strings.TrimSpace(string(rest)), "[]byte(")
+	lit, closed := strings.CutSuffix(lit, ")")
+	if !open || !closed {
 		return nil, errors.New("not one []byte value")
 	}
 	s, err := strconv.Unquote(lit)
