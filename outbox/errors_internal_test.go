@@ -16,7 +16,7 @@ func TestErrorsSayPrefixOnce(t *testing.T) {
 		ErrNilTx, ErrNotInTransaction, ErrTxDone, ErrTxAborted, ErrReadOnlyTx, ErrTableMissing,
 		ErrSchemaMismatch, ErrRetryTx, ErrInvalidMessage, ErrInvalidConfig, ErrUnsupported, ErrNoHandlers,
 		ErrRelayStarted, ErrDuplicateHandler, ErrNoRelay, ErrRelayNotRunning, ErrRelayDraining, ErrRelayFailing,
-		&MessageError{0, "Topic", "must not be empty"}, &ConfigError{"Table", "bad"},
+		&MessageError{0, "Topic", "must not be empty"}, &ConfigError{Field: "Table", Reason: "bad"},
 	}
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()

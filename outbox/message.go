@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // Limits that apply to every message, whatever the dialect.
@@ -89,18 +91,6 @@ type Result struct {
 	Duplicate bool
 }
 
-// Row is a validated message ready to be written, handed to a [Dialect].
-type Row struct {
-	ID        ID
-	Topic     string
-	Key       string // "" means NULL
-	Payload   []byte // nil means NULL
-	Headers   []byte // JSON object, nil means NULL
-	DedupKey  string // "" means NULL
-	Delay     time.Duration
-	NotBefore time.Time // UTC; zero means none
-}
-
 // earliest and latest bound NotBefore so every database can store it.
 var (
 	earliest = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -126,22 +116,22 @@ func checkText(idx int, field, s string, max int, required bool) error {
 }
 
 // toRow validates m and returns the row to store.
-func toRow(idx int, m *Message, maxPayload, maxDepth int) (Row, error) {
+func toRow(idx int, m *Message, maxPayload, maxDepth int) (outboxdriver.Row, error) {
 	if err := checkText(idx, "Topic", m.Topic, MaxTopicBytes, true); err != nil {
-		return Row{}, err
+		return outboxdriver.Row{}, err
 	}
 	if err := checkText(idx, "Key", m.Key, MaxKeyBytes, false); err != nil {
-		return Row{}, err
+		return outboxdriver.Row{}, err
 	}
 	if err := checkText(idx, "DedupKey", m.DedupKey, MaxDedupKeyBytes, false); err != nil {
-		return Row{}, err
+		return outboxdriver.Row{}, err
 	}
 	if len(m.Payload) > maxPayload {
-		return Row{}, &MessageError{idx, "Payload", "larger than the limit of " + strconv.Itoa(maxPayload) + " bytes"}
+		return outboxdriver.Row{}, &MessageError{idx, "Payload", "larger than the limit of " + strconv.Itoa(maxPayload) + " bytes"}
 	}
 	if len(m.Payload) > 0 {
 		if reason := checkJSON(m.Payload, maxDepth); reason != "" {
-			return Row{}, &MessageError{idx, "Payload", reason}
+			return outboxdriver.Row{}, &MessageError{idx, "Payload", reason}
 		}
 	}
 	var headers []byte
@@ -149,38 +139,38 @@ func toRow(idx int, m *Message, maxPayload, maxDepth int) (Row, error) {
 		for k, v := range m.Headers {
 			if err := checkText(idx, "Headers", k, MaxHeadersBytes, true); err != nil {
 				err.(*MessageError).Reason = "key: " + err.(*MessageError).Reason
-				return Row{}, err
+				return outboxdriver.Row{}, err
 			}
 			if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-				return Row{}, &MessageError{idx, "Headers", "value of " + k + ": not valid UTF-8 or contains a NUL byte"}
+				return outboxdriver.Row{}, &MessageError{idx, "Headers", "value of " + k + ": not valid UTF-8 or contains a NUL byte"}
 			}
 		}
 		var err error
 		if headers, err = json.Marshal(m.Headers); err != nil {
-			return Row{}, &MessageError{idx, "Headers", err.Error()}
+			return outboxdriver.Row{}, &MessageError{idx, "Headers", err.Error()}
 		}
 		if len(headers) > MaxHeadersBytes {
-			return Row{}, &MessageError{idx, "Headers", "larger than the limit of " + strconv.Itoa(MaxHeadersBytes) + " bytes"}
+			return outboxdriver.Row{}, &MessageError{idx, "Headers", "larger than the limit of " + strconv.Itoa(MaxHeadersBytes) + " bytes"}
 		}
 	}
 	if m.Delay < 0 {
-		return Row{}, &MessageError{idx, "Delay", "must not be negative"}
+		return outboxdriver.Row{}, &MessageError{idx, "Delay", "must not be negative"}
 	}
 	nb := m.NotBefore
 	if !nb.IsZero() {
 		if m.Delay != 0 {
-			return Row{}, &MessageError{idx, "NotBefore", "set at most one of Delay and NotBefore"}
+			return outboxdriver.Row{}, &MessageError{idx, "NotBefore", "set at most one of Delay and NotBefore"}
 		}
 		nb = nb.UTC()
 		if nb.Before(earliest) || nb.After(latest) {
-			return Row{}, &MessageError{idx, "NotBefore", "outside the years 1970 to 9999"}
+			return outboxdriver.Row{}, &MessageError{idx, "NotBefore", "outside the years 1970 to 9999"}
 		}
 	}
 	var payload []byte
 	if len(m.Payload) > 0 {
 		payload = m.Payload
 	}
-	return Row{
+	return outboxdriver.Row{
 		ID: NewID(), Topic: m.Topic, Key: m.Key, Payload: payload, Headers: headers,
 		DedupKey: m.DedupKey, Delay: m.Delay, NotBefore: nb,
 	}, nil

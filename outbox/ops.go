@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // PurgeOptions say which messages [Outbox.Purge] deletes.
@@ -16,8 +18,8 @@ type PurgeOptions struct {
 	OlderThan time.Duration
 }
 
-func (o *Outbox) relayDialect() (RelayDialect, error) {
-	rd, ok := o.d.(RelayDialect)
+func (o *Outbox) relayDialect() (outboxdriver.RelayDialect, error) {
+	rd, ok := o.d.(outboxdriver.RelayDialect)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", ErrNoRelay, o.d.Name())
 	}
@@ -41,7 +43,7 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 		return 0, err
 	}
 	if opts.OlderThan < 0 {
-		return 0, &ConfigError{"OlderThan", "must not be negative"}
+		return 0, &ConfigError{Field: "OlderThan", Reason: "must not be negative"}
 	}
 	states := opts.States
 	if len(states) == 0 {
@@ -49,7 +51,7 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 	}
 	for _, s := range states {
 		if s != StateDead && s != StateDelivered {
-			return 0, &ConfigError{"States", fmt.Sprintf("%q is not a terminal state (dead, delivered)", s)}
+			return 0, &ConfigError{Field: "States", Reason: fmt.Sprintf("%q is not a terminal state (dead, delivered)", s)}
 		}
 	}
 	n, err := rd.Purge(ctx, db, o.table, states, opts.OlderThan)

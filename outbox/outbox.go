@@ -3,16 +3,16 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // Defaults for [Config].
 const (
-	DefaultTable           = "outbox"
+	DefaultTable           = outboxdriver.DefaultTable
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultMaxBatch        = 1000
 )
@@ -85,7 +85,7 @@ type Config struct {
 // transactions. Build it once with [New]; it is safe for concurrent use.
 type Outbox struct {
 	d     Dialect
-	caps  Capabilities
+	caps  outboxdriver.Capabilities
 	table Table
 	// depth is the deepest payload nesting accepted: MaxPayloadDepth or
 	// the dialect's Capabilities.MaxJSONDepth, whichever is less.
@@ -93,7 +93,7 @@ type Outbox struct {
 	cfg   Config
 	// wakeLoud is the notification a notifying publish sends (Send is
 	// false when the Outbox never notifies).
-	wakeLoud Wake
+	wakeLoud outboxdriver.Wake
 
 	// With NotifyInterval: when the last notifying publish began, in
 	// nanoseconds since epoch (monotonic).
@@ -101,25 +101,11 @@ type Outbox struct {
 	lastNotify atomic.Int64
 }
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
-// ParseTable validates a table name of the form "name" or "schema.name".
-func ParseTable(s string) (Table, error) {
-	schema, name, qualified := strings.Cut(s, ".")
-	if !qualified {
-		schema, name = "", s
-	}
-	if (qualified && !identRE.MatchString(schema)) || !identRE.MatchString(name) {
-		return Table{}, &ConfigError{"Table", strconv.Quote(s) + " is not name or schema.name made of lower-case identifiers ([a-z_][a-z0-9_]*, at most 63 bytes each)"}
-	}
-	return Table{Schema: schema, Name: name}, nil
-}
-
 // New returns an Outbox that writes through dialect d. It checks cfg and
 // sends nothing to the database.
 func New(d Dialect, cfg Config) (*Outbox, error) {
 	if d == nil {
-		return nil, &ConfigError{"Dialect", "must not be nil"}
+		return nil, &ConfigError{Field: "Dialect", Reason: "must not be nil"}
 	}
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
@@ -130,23 +116,23 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	}
 	caps := d.Capabilities()
 	if cfg.MaxPayloadBytes < 0 {
-		return nil, &ConfigError{"MaxPayloadBytes", "must not be negative"}
+		return nil, &ConfigError{Field: "MaxPayloadBytes", Reason: "must not be negative"}
 	}
 	if cfg.MaxPayloadBytes == 0 {
 		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if cfg.MaxBatch < 0 {
-		return nil, &ConfigError{"MaxBatch", "must not be negative"}
+		return nil, &ConfigError{Field: "MaxBatch", Reason: "must not be negative"}
 	}
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
 	if caps.ParamsPerRow > 0 && cfg.MaxBatch*caps.ParamsPerRow > caps.MaxParams {
-		return nil, &ConfigError{"MaxBatch", fmt.Sprintf("%d messages need more than the %d parameters %s allows in one statement; at most %d",
+		return nil, &ConfigError{Field: "MaxBatch", Reason: fmt.Sprintf("%d messages need more than the %d parameters %s allows in one statement; at most %d",
 			cfg.MaxBatch, caps.MaxParams, d.Name(), caps.MaxParams/caps.ParamsPerRow)}
 	}
 	if cfg.CommandTimeout < 0 {
-		return nil, &ConfigError{"CommandTimeout", "must not be negative"}
+		return nil, &ConfigError{Field: "CommandTimeout", Reason: "must not be negative"}
 	}
 	var notify bool
 	switch cfg.Notify {
@@ -159,13 +145,13 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 		notify = true
 	case NotifyOff:
 	default:
-		return nil, &ConfigError{"Notify", "unknown mode " + strconv.Itoa(int(cfg.Notify))}
+		return nil, &ConfigError{Field: "Notify", Reason: "unknown mode " + strconv.Itoa(int(cfg.Notify))}
 	}
 	if notify && len(table.String()) > 63 {
-		return nil, &ConfigError{"Table", "longer than 63 bytes, too long to be the notification channel; shorten it or set Notify to NotifyOff"}
+		return nil, &ConfigError{Field: "Table", Reason: "longer than 63 bytes, too long to be the notification channel; shorten it or set Notify to NotifyOff"}
 	}
 	if cfg.NotifyInterval < 0 {
-		return nil, &ConfigError{"NotifyInterval", "must not be negative"}
+		return nil, &ConfigError{Field: "NotifyInterval", Reason: "must not be negative"}
 	}
 	o := &Outbox{d: d, caps: caps, table: table, depth: MaxPayloadDepth, cfg: cfg, epoch: time.Now()}
 	if caps.MaxJSONDepth > 0 {
@@ -184,17 +170,17 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 // wake decides whether this publish notifies: always when notifying
 // without NotifyInterval, else when no publish of this Outbox notified in
 // the last NotifyInterval.
-func (o *Outbox) wake() Wake {
+func (o *Outbox) wake() outboxdriver.Wake {
 	if !o.wakeLoud.Send || o.cfg.NotifyInterval <= 0 {
 		return o.wakeLoud
 	}
 	now := int64(time.Since(o.epoch))
 	last := o.lastNotify.Load()
 	if now-last < int64(o.cfg.NotifyInterval) {
-		return Wake{}
+		return outboxdriver.Wake{}
 	}
 	if !o.lastNotify.CompareAndSwap(last, now) {
-		return Wake{} // a concurrent publish notifies
+		return outboxdriver.Wake{} // a concurrent publish notifies
 	}
 	return o.wakeLoud
 }
@@ -210,7 +196,7 @@ func (o *Outbox) Notifies() bool { return o.wakeLoud.Send }
 
 // Publish stores msg in the outbox table inside tx, the caller's open
 // transaction, with one statement (two on MySQL when msg has a DedupKey:
-// see [StoredLister]). It never begins, commits or rolls back:
+// see [outboxdriver.StoredLister]). It never begins, commits or rolls back:
 // the caller's commit stores the message together with the business rows,
 // and the caller's rollback discards both.
 //
@@ -252,7 +238,7 @@ type Statement struct {
 	QuietQuery string
 	// StoredQuery and StoredArgs, when StoredQuery is not empty, are the
 	// second statement Publish sends after Query, on dialects that
-	// implement [StoredLister] (MySQL) when a message has a DedupKey: it
+	// implement [outboxdriver.StoredLister] (MySQL) when a message has a DedupKey: it
 	// returns the ids of the messages stored.
 	StoredQuery string
 	StoredArgs  []any
@@ -269,9 +255,9 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	q, args := o.d.Insert(o.table, rows, o.wakeLoud)
 	st := Statement{Query: q, Args: args, IDs: rowIDs(rows)}
 	if o.wakeLoud.Send && o.cfg.NotifyInterval > 0 {
-		st.QuietQuery, _ = o.d.Insert(o.table, rows, Wake{})
+		st.QuietQuery, _ = o.d.Insert(o.table, rows, outboxdriver.Wake{})
 	}
-	if sl, ok := o.d.(StoredLister); ok {
+	if sl, ok := o.d.(outboxdriver.StoredLister); ok {
 		for i := range rows {
 			if rows[i].DedupKey != "" {
 				st.StoredQuery, st.StoredArgs = sl.StoredSQL(o.table, st.IDs)
@@ -282,7 +268,7 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	return st, nil
 }
 
-func rowIDs(rows []Row) []ID {
+func rowIDs(rows []outboxdriver.Row) []ID {
 	ids := make([]ID, len(rows))
 	for i := range rows {
 		ids[i] = rows[i].ID
@@ -290,11 +276,11 @@ func rowIDs(rows []Row) []ID {
 	return ids
 }
 
-func (o *Outbox) rows(msgs []Message) ([]Row, error) {
+func (o *Outbox) rows(msgs []Message) ([]outboxdriver.Row, error) {
 	if len(msgs) > o.cfg.MaxBatch {
 		return nil, &MessageError{-1, "batch", fmt.Sprintf("%d messages, more than Config.MaxBatch (%d)", len(msgs), o.cfg.MaxBatch)}
 	}
-	rows := make([]Row, len(msgs))
+	rows := make([]outboxdriver.Row, len(msgs))
 	for i := range msgs {
 		r, err := toRow(i, &msgs[i], o.cfg.MaxPayloadBytes, o.depth)
 		if err != nil {
@@ -330,7 +316,7 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 		dedup = dedup || rows[i].DedupKey != ""
 	}
 	var stored []string
-	if sl, ok := o.d.(StoredLister); ok && dedup {
+	if sl, ok := o.d.(outboxdriver.StoredLister); ok && dedup {
 		// The INSERT cannot return what it stored: ask in a second statement.
 		if _, err = o.query(ctx, tx, query, args, 0, false); err == nil {
 			sq, sargs := sl.StoredSQL(o.table, rowIDs(rows))

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oncommit/oncommit/outboxdriver"
+
 	"github.com/oncommit/oncommit/internal/backoff"
 )
 
@@ -152,14 +154,14 @@ type RelayConfig struct {
 // goroutines and must not block.
 type RelayTracer interface {
 	// TraceClaim is called after each claim with the rows it took.
-	TraceClaim(ctx context.Context, claimed []Claimed, err error)
+	TraceClaim(ctx context.Context, claimed []outboxdriver.Claimed, err error)
 	// TraceSettle is called after each settle statement with the
 	// settlements it wrote and the fences that applied (a settlement whose
 	// fence is missing was fenced off: another claim had taken the row).
-	TraceSettle(ctx context.Context, s []Settlement, applied []Fence, err error)
+	TraceSettle(ctx context.Context, s []outboxdriver.Settlement, applied []outboxdriver.Fence, err error)
 }
 
-func (c *RelayConfig) validate(caps Capabilities) error {
+func (c *RelayConfig) validate(caps outboxdriver.Capabilities) error {
 	type check struct {
 		field string
 		bad   bool
@@ -172,7 +174,7 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 		{"UnhandledEvery", c.UnhandledEvery < 0},
 	} {
 		if ch.bad {
-			return &ConfigError{ch.field, "must not be negative"}
+			return &ConfigError{Field: ch.field, Reason: "must not be negative"}
 		}
 	}
 	def := func(v *time.Duration, d time.Duration) {
@@ -201,19 +203,19 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.MaxAttempts > UnlimitedAttempts {
-		return &ConfigError{"MaxAttempts", fmt.Sprintf("%d is more than the attempts column holds; at most UnlimitedAttempts (%d), which retries forever", c.MaxAttempts, UnlimitedAttempts)}
+		return &ConfigError{Field: "MaxAttempts", Reason: fmt.Sprintf("%d is more than the attempts column holds; at most UnlimitedAttempts (%d), which retries forever", c.MaxAttempts, UnlimitedAttempts)}
 	}
 	if c.Lease < time.Second {
-		return &ConfigError{"Lease", "must be at least 1s"}
+		return &ConfigError{Field: "Lease", Reason: "must be at least 1s"}
 	}
 	if c.RetryCap < c.RetryBase {
-		return &ConfigError{"RetryCap", "must not be less than RetryBase"}
+		return &ConfigError{Field: "RetryCap", Reason: "must not be less than RetryBase"}
 	}
 	if c.RetryJitter != nil && !(*c.RetryJitter >= 0 && *c.RetryJitter <= 1) {
-		return &ConfigError{"RetryJitter", "must be in [0, 1]"}
+		return &ConfigError{Field: "RetryJitter", Reason: "must be in [0, 1]"}
 	}
 	if c.Listen < NotifyAuto || c.Listen > NotifyOff {
-		return &ConfigError{"Listen", "unknown mode"}
+		return &ConfigError{Field: "Listen", Reason: "unknown mode"}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -226,17 +228,17 @@ func (c *RelayConfig) validate(caps Capabilities) error {
 // then call [Relay.Run]. Every replica may run one: claims never overlap.
 type Relay struct {
 	ob     *Outbox
-	d      RelayDialect
+	d      outboxdriver.RelayDialect
 	db     DB
 	cfg    RelayConfig
 	retry  backoff.Policy
 	log    *slog.Logger
-	listen Listener // nil when polling only
+	listen outboxdriver.Listener // nil when polling only
 	// pollOnly says why the relay cannot listen with Listen NotifyAuto
 	// (logged once when Run starts), nil otherwise.
 	pollOnly error
 	health   health
-	settleP  SettleParams
+	settleP  outboxdriver.SettleParams
 
 	mu       sync.Mutex
 	handlers map[string]Handler // written before Run only: read without mu after
@@ -244,7 +246,7 @@ type Relay struct {
 	started  bool
 
 	inflightMu sync.Mutex
-	inflight   map[Fence]inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
+	inflight   map[outboxdriver.Fence]inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
 	// handlersCancelled is set when the grace period is over: a message
 	// registered after that gets an already cancelled context.
 	handlersCancelled bool
@@ -270,12 +272,12 @@ type inflight struct {
 
 // Relay returns a relay that delivers this Outbox's messages from db.
 func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
-	rd, ok := o.d.(RelayDialect)
+	rd, ok := o.d.(outboxdriver.RelayDialect)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", ErrNoRelay, o.d.Name())
 	}
 	if db == nil {
-		return nil, &ConfigError{"DB", "must not be nil"}
+		return nil, &ConfigError{Field: "DB", Reason: "must not be nil"}
 	}
 	if err := cfg.validate(o.caps); err != nil {
 		return nil, err
@@ -287,13 +289,13 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 	r := &Relay{
 		ob: o, d: rd, db: db, cfg: cfg, log: cfg.Logger,
 		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
-		settleP:  SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
+		settleP:  outboxdriver.SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
 		handlers: map[string]Handler{},
-		inflight: map[Fence]inflight{},
+		inflight: map[outboxdriver.Fence]inflight{},
 		wake:     make(chan struct{}, 1),
 	}
 	if cfg.Listen != NotifyOff {
-		l, ok := db.(Listener)
+		l, ok := db.(outboxdriver.Listener)
 		var why error
 		switch {
 		case rd.ListenSQL(o.table) == "":
@@ -322,10 +324,10 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 // (which keeps rolling deploys safe). Register before Run.
 func (r *Relay) Handle(topic string, h Handler) error {
 	if err := checkText(0, "Topic", topic, MaxTopicBytes, true); err != nil {
-		return &ConfigError{"topic", err.(*MessageError).Reason}
+		return &ConfigError{Field: "topic", Reason: err.(*MessageError).Reason}
 	}
 	if h == nil {
-		return &ConfigError{"handler", "must not be nil"}
+		return &ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -556,7 +558,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				c := j.c
 				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase)
 				if r.cfg.DiscardDead {
-					r.send(Settlement{Fence: Fence{c.ID, c.Attempts}, Kind: SettleDead, Error: "max attempts reached", expires: time.Now().Add(r.cfg.Lease)})
+					r.send(queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}, time.Now().Add(r.cfg.Lease)})
 				}
 				continue
 			}
@@ -605,7 +607,7 @@ func claimRetry(poll time.Duration) backoff.Policy {
 // server a cancel request), and the last settle at shutdown then waits for
 // the cancelled statement's row locks. The rows it claims are handled
 // within the grace period like those of earlier claims.
-func (r *Relay) claimFinishing(ctx context.Context, limit int) ([]Claimed, error) {
+func (r *Relay) claimFinishing(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(min(r.cfg.ShutdownGrace, time.Second), cancel) })
@@ -655,18 +657,18 @@ func (r *Relay) signal() {
 	}
 }
 
-func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
+func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	done := r.out.takeDone(maxSettleBatch)
 	if len(done) > 0 {
 		r.carried.Store(time.Now().UnixNano())
 	}
-	fences := make([]Fence, len(done))
+	fences := make([]outboxdriver.Fence, len(done))
 	for i := range done {
 		fences[i] = done[i].Fence
 	}
-	claimed, applied, err := r.d.Claim(ctx, r.db, r.ob.table, ClaimParams{
+	claimed, applied, err := r.d.Claim(ctx, r.db, r.ob.table, outboxdriver.ClaimParams{
 		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
 	})
@@ -676,7 +678,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]Claimed, error) {
 			r.putBack(done) // nothing of the statement was committed
 		}
 	} else if len(done) > 0 {
-		r.report(ctx, done, applied, nil)
+		r.report(ctx, settlements(done), applied, nil)
 	}
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
@@ -711,7 +713,7 @@ func (r *Relay) work(j *job, jobs <-chan *job, workers *sync.WaitGroup, sl *slot
 // job is a claimed message with its handler's context, registered in
 // r.inflight.
 type job struct {
-	c      *Claimed
+	c      *outboxdriver.Claimed
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -720,7 +722,7 @@ type job struct {
 // handler's context, child of ctx, and records them in r.inflight: once
 // per claim, under one lock, rather than once per message from each
 // handler goroutine.
-func (r *Relay) register(ctx context.Context, claimed []Claimed) []job {
+func (r *Relay) register(ctx context.Context, claimed []outboxdriver.Claimed) []job {
 	if len(claimed) == 0 {
 		return nil
 	}
@@ -735,7 +737,7 @@ func (r *Relay) register(ctx context.Context, claimed []Claimed) []job {
 			continue
 		}
 		batch[i].ctx, batch[i].cancel = context.WithCancel(ctx)
-		r.inflight[Fence{c.ID, c.Attempts}] = inflight{claimed: now, cancel: batch[i].cancel}
+		r.inflight[outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}] = inflight{claimed: now, cancel: batch[i].cancel}
 		if r.handlersCancelled {
 			batch[i].cancel()
 		}
@@ -768,7 +770,7 @@ func (r *Relay) deliver(j *job) {
 	defer func() {
 		j.cancel()
 		r.inflightMu.Lock()
-		delete(r.inflight, Fence{c.ID, c.Attempts})
+		delete(r.inflight, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 		r.inflightMu.Unlock()
 	}()
 
@@ -782,9 +784,7 @@ func (r *Relay) deliver(j *job) {
 	if err == nil {
 		err = r.call(hctx, h, d)
 	}
-	s := r.outcome(c, err)
-	s.expires = time.Now().Add(r.cfg.Lease)
-	r.send(s)
+	r.send(queued{r.outcome(c, err), time.Now().Add(r.cfg.Lease)})
 }
 
 // call runs h, turning a panic into an error.
@@ -799,10 +799,10 @@ func (r *Relay) call(ctx context.Context, h Handler, d Delivery) (err error) {
 }
 
 // outcome maps a handler's result to a settlement.
-func (r *Relay) outcome(c *Claimed, err error) Settlement {
-	s := Settlement{Fence: Fence{c.ID, c.Attempts}}
+func (r *Relay) outcome(c *outboxdriver.Claimed, err error) outboxdriver.Settlement {
+	s := outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}}
 	if err == nil {
-		s.Kind = SettleDone
+		s.Kind = outboxdriver.SettleDone
 		return s
 	}
 	return r.failure(c, s, err)
@@ -810,23 +810,23 @@ func (r *Relay) outcome(c *Claimed, err error) Settlement {
 
 // failure is outcome for a handler that did not succeed (apart, so that a
 // success allocates nothing for the error checks).
-func (r *Relay) failure(c *Claimed, s Settlement, err error) Settlement {
+func (r *Relay) failure(c *outboxdriver.Claimed, s outboxdriver.Settlement, err error) outboxdriver.Settlement {
 	attempt := c.Attempts - c.AttemptsBase // since the last redrive
 	var retry *RetryError
 	var cancel *CancelError
 	switch {
 	case errors.As(err, &cancel):
-		s.Kind, s.Error = SettleDead, cleanError(err)
+		s.Kind, s.Error = outboxdriver.SettleDead, cleanError(err)
 		r.log.Warn("outbox: message cancelled; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", attempt, "err", err)
 		return s
 	}
 	s.Error = cleanError(err)
 	if attempt >= r.cfg.MaxAttempts {
-		s.Kind = SettleDead
+		s.Kind = outboxdriver.SettleDead
 		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", attempt, "err", err)
 		return s
 	}
-	s.Kind = SettleRetry
+	s.Kind = outboxdriver.SettleRetry
 	if errors.As(err, &retry) {
 		s.Delay, s.At = max(retry.After, 0), retryTime(retry.At)
 	} else {
@@ -871,7 +871,7 @@ func cleanError(err error) string {
 // SQLite write lock) still has half the lease to land.
 func (r *Relay) renewLoop(ctx context.Context) {
 	tick(ctx, r.cfg.Lease/6, func() {
-		var held []Fence
+		var held []outboxdriver.Fence
 		cutoff := time.Now().Add(-r.cfg.Lease / 3)
 		r.inflightMu.Lock()
 		for f, in := range r.inflight {
@@ -894,7 +894,7 @@ func (r *Relay) renewLoop(ctx context.Context) {
 			return
 		}
 		if len(kept) < len(held) {
-			still := make(map[Fence]bool, len(kept))
+			still := make(map[outboxdriver.Fence]bool, len(kept))
 			for _, f := range kept {
 				still[f] = true
 			}

@@ -22,6 +22,7 @@ import (
 	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // TestFencing: a handler outliving its lease (renewal off) is delivered
@@ -43,7 +44,7 @@ func TestFencing(t *testing.T) {
 				return nil
 			})
 			ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "slow"})
-			first := outbox.Fence{ID: ids[0], Attempts: 1}
+			first := outboxdriver.Fence{ID: ids[0], Attempts: 1}
 			start(t, r)
 			eventually(t, 15*time.Second, "first attempt settled", func() bool { w, _ := tr.SettleOf(first); return w })
 			eventually(t, 10*time.Second, "row gone", func() bool { return count(t, e.table, "") == 0 })
@@ -61,7 +62,7 @@ func TestFencing(t *testing.T) {
 			if applied {
 				t.Error("the stale relay's settle applied; it must change 0 rows")
 			}
-			if _, ok := tr.SettleOf(outbox.Fence{ID: ids[0], Attempts: 2}); !ok {
+			if _, ok := tr.SettleOf(outboxdriver.Fence{ID: ids[0], Attempts: 2}); !ok {
 				t.Error("the reclaiming delivery's settle did not apply")
 			}
 		})
@@ -116,7 +117,7 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
 	staleStats(t, e, 2000, "t")
-	d := postgres.Dialect().(outbox.RelayDialect)
+	d := postgres.Dialect().(outboxdriver.RelayDialect)
 	db := pgxtx.Pool(genericPool(t, 8))
 	// More rounds than the generic-plan switch needs.
 	total := dialecttest.ClaimConcurrently(t, d, db, e.ob.Table(), "t", 8, 12)
@@ -173,10 +174,10 @@ func TestClaimSettlesBeforeLocking(t *testing.T) {
 	p := pool(t)
 	ids := publishN(t, e, p, 3, outbox.Message{Topic: "t"})
 	ctx := context.Background()
-	d := postgres.Dialect().(outbox.RelayDialect)
+	d := postgres.Dialect().(outboxdriver.RelayDialect)
 	db := pgxtx.Pool(p)
 	// The first message is claimed (a success to carry); the others stay due.
-	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5})
+	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5})
 	if err != nil || len(cs) != 1 || cs[0].ID != ids[0] {
 		t.Fatalf("first claim %v, %v", cs, err)
 	}
@@ -189,14 +190,14 @@ func TestClaimSettlesBeforeLocking(t *testing.T) {
 		t.Fatal(err)
 	}
 	type result struct {
-		claimed []outbox.Claimed
-		done    []outbox.Fence
+		claimed []outboxdriver.Claimed
+		done    []outboxdriver.Fence
 		err     error
 	}
 	res := make(chan result, 1)
 	go func() {
-		cs, done, err := d.Claim(ctx, db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5,
-			Done: []outbox.Fence{{ID: ids[0], Attempts: 1}}})
+		cs, done, err := d.Claim(ctx, db, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5,
+			Done: []outboxdriver.Fence{{ID: ids[0], Attempts: 1}}})
 		res <- result{cs, done, err}
 	}()
 	time.Sleep(300 * time.Millisecond) // the claim is waiting for C's lock
@@ -406,8 +407,8 @@ func TestClaimOfOneTopicSkipsOtherTopics(t *testing.T) {
 		}
 	}
 	// And it claims them all.
-	d := postgres.Dialect().(outbox.RelayDialect)
-	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outbox.ClaimParams{Topics: []string{"mine"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5})
+	d := postgres.Dialect().(outboxdriver.RelayDialect)
+	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"mine"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5})
 	if err != nil || len(cs) != 50 {
 		t.Fatalf("claim: %d rows, %v", len(cs), err)
 	}
@@ -452,8 +453,8 @@ func TestLeaseReclaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
 	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
-	d := postgres.Dialect().(outbox.RelayDialect)
-	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
+	d := postgres.Dialect().(outboxdriver.RelayDialect)
+	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim: %v %v", cs, err)
 	}
@@ -645,7 +646,7 @@ type timedTrace struct {
 	firstFailAfter atomic.Int64
 }
 
-func (tt *timedTrace) TraceClaim(ctx context.Context, cs []outbox.Claimed, err error) {
+func (tt *timedTrace) TraceClaim(ctx context.Context, cs []outboxdriver.Claimed, err error) {
 	if err != nil && tt.failed.Add(1) == 1 {
 		tt.firstFailAfter.Store(time.Now().UnixNano() - tt.began.Load())
 	}
@@ -756,15 +757,15 @@ func TestClaimCarriesSettles(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, outbox.Config{})
 			ids := publishN(t, e, pool(t), 3, outbox.Message{Topic: "t"})
-			d := postgres.Dialect().(outbox.RelayDialect)
+			d := postgres.Dialect().(outboxdriver.RelayDialect)
 			db := pgxtx.Pool(pool(t))
-			p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 2, Lease: time.Minute, MaxAttempts: 5}
+			p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 2, Lease: time.Minute, MaxAttempts: 5}
 			first, _, err := d.Claim(context.Background(), db, e.ob.Table(), p)
 			if err != nil || len(first) != 2 {
 				t.Fatalf("claim: %v %v", first, err)
 			}
 			p.Limit, p.KeepDelivered = 10, keep
-			p.Done = []outbox.Fence{{ID: first[0].ID, Attempts: 1}, {ID: first[1].ID, Attempts: 7}} // the second is stale
+			p.Done = []outboxdriver.Fence{{ID: first[0].ID, Attempts: 1}, {ID: first[1].ID, Attempts: 7}} // the second is stale
 			claimed, done, err := d.Claim(context.Background(), db, e.ob.Table(), p)
 			if err != nil {
 				t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 	"go.uber.org/goleak"
 )
 
@@ -22,7 +23,7 @@ type faultDB struct {
 	claims atomic.Int32
 }
 
-func (f *faultDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+func (f *faultDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
 	if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 		f.claims.Add(1)
 	}
@@ -230,7 +231,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the first handler was not cancelled after its lease was lost")
 	}
-	first := outbox.Fence{ID: ids[0], Attempts: 1}
+	first := outboxdriver.Fence{ID: ids[0], Attempts: 1}
 	eventually(t, 5*time.Second, "the first outcome written", func() bool { w, _ := tr.SettleOf(first); return w })
 	if _, applied := tr.SettleOf(first); applied {
 		t.Error("the late outcome applied")
@@ -248,7 +249,7 @@ type slowClaimDB struct {
 	claimed chan struct{} // receives a value as each claim begins, if there is room
 }
 
-func (s slowClaimDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+func (s slowClaimDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
 	if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 		select {
 		case s.claimed <- struct{}{}:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // memDialect serves claims from a counter in memory: with it a relay's
@@ -23,35 +24,37 @@ type memDialect struct {
 }
 
 func (*memDialect) Name() string { return "mem" }
-func (*memDialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{MaxParams: 1 << 16, ParamsPerRow: 1}
+func (*memDialect) Capabilities() outboxdriver.Capabilities {
+	return outboxdriver.Capabilities{MaxParams: 1 << 16, ParamsPerRow: 1}
 }
-func (*memDialect) Insert(outbox.Table, []outbox.Row, outbox.Wake) (string, []any) { return "", nil }
-func (*memDialect) Classify(err error) error                                       { return err }
+func (*memDialect) Insert(outbox.Table, []outboxdriver.Row, outboxdriver.Wake) (string, []any) {
+	return "", nil
+}
+func (*memDialect) Classify(err error) error { return err }
 
-func (m *memDialect) Claim(_ context.Context, _ outbox.DB, _ outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+func (m *memDialect) Claim(_ context.Context, _ outbox.DB, _ outbox.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	n := int64(p.Limit)
 	if left := m.left.Add(-n); left < 0 {
 		n += left
 		m.left.Add(-left)
 	}
-	claimed := make([]outbox.Claimed, max(n, 0))
+	claimed := make([]outboxdriver.Claimed, max(n, 0))
 	for i := range claimed {
 		k := m.next.Add(1)
-		claimed[i] = outbox.Claimed{ID: m.ids[k%int64(len(m.ids))], Topic: "t", Payload: m.payload, Attempts: 1}
+		claimed[i] = outboxdriver.Claimed{ID: m.ids[k%int64(len(m.ids))], Topic: "t", Payload: m.payload, Attempts: 1}
 	}
 	return claimed, p.Done, nil
 }
 
-func (*memDialect) Settle(_ context.Context, _ outbox.DB, _ outbox.Table, _ outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
-	f := make([]outbox.Fence, len(s))
+func (*memDialect) Settle(_ context.Context, _ outbox.DB, _ outbox.Table, _ outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
+	f := make([]outboxdriver.Fence, len(s))
 	for i := range s {
 		f[i] = s[i].Fence
 	}
 	return f, nil
 }
 
-func (*memDialect) Renew(_ context.Context, _ outbox.DB, _ outbox.Table, _ time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
+func (*memDialect) Renew(_ context.Context, _ outbox.DB, _ outbox.Table, _ time.Duration, held []outboxdriver.Fence) ([]outboxdriver.Fence, error) {
 	return held, nil
 }
 func (*memDialect) Redrive(context.Context, outbox.DB, outbox.Table, string) (int64, error) {
@@ -66,11 +69,11 @@ func (*memDialect) Stats(context.Context, outbox.DB, outbox.Table) ([]outbox.Top
 func (*memDialect) ListenSQL(outbox.Table) string                        { return "" }
 func (*memDialect) Check(context.Context, outbox.DB, outbox.Table) error { return nil }
 
-var _ outbox.RelayDialect = (*memDialect)(nil)
+var _ outboxdriver.RelayDialect = (*memDialect)(nil)
 
 type nopDB struct{}
 
-func (nopDB) QueryDB(context.Context, string, ...any) (outbox.Rows, error) {
+func (nopDB) QueryDB(context.Context, string, ...any) (outboxdriver.Rows, error) {
 	panic("memDialect sends no SQL")
 }
 

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oncommit/oncommit/outboxdriver"
+
 	"github.com/oncommit/oncommit/internal/backoff"
 )
 
@@ -37,14 +39,31 @@ const finalAttempts = 3
 // dropped: no outcome is ever lost without a trace.
 type outcomes struct {
 	mu     sync.Mutex
-	done   []Settlement // successes
-	failed []Settlement // retries and dead letters
+	done   []queued // successes
+	failed []queued // retries and dead letters
 	closed bool
 	// doneAdded and failedAdded are signalled when their list becomes
 	// non-empty; stopped is closed when the settler has returned.
 	doneAdded   chan struct{}
 	failedAdded chan struct{}
 	stopped     chan struct{}
+}
+
+// queued is an outcome waiting to be written.
+type queued struct {
+	outboxdriver.Settlement
+	// expires is when the relay stops trying to write it after failed
+	// writes (its claim's lease will have lapsed by then).
+	expires time.Time
+}
+
+// settlements returns the settlements of qs, for the dialect.
+func settlements(qs []queued) []outboxdriver.Settlement {
+	s := make([]outboxdriver.Settlement, len(qs))
+	for i := range qs {
+		s[i] = qs[i].Settlement
+	}
+	return s
 }
 
 func (o *outcomes) init() {
@@ -62,7 +81,7 @@ func notify(ch chan struct{}) {
 
 // add appends outcomes to their lists; false (and nothing added) once the
 // settler has taken its last batch.
-func (o *outcomes) add(batch ...Settlement) bool {
+func (o *outcomes) add(batch ...queued) bool {
 	o.mu.Lock()
 	if o.closed {
 		o.mu.Unlock()
@@ -70,7 +89,7 @@ func (o *outcomes) add(batch ...Settlement) bool {
 	}
 	hadDone, hadFailed := len(o.done) > 0, len(o.failed) > 0
 	for _, s := range batch {
-		if s.Kind == SettleDone {
+		if s.Kind == outboxdriver.SettleDone {
 			o.done = append(o.done, s)
 		} else {
 			o.failed = append(o.failed, s)
@@ -88,20 +107,20 @@ func (o *outcomes) add(batch ...Settlement) bool {
 }
 
 // take removes and returns up to n outcomes of the list.
-func (o *outcomes) take(list *[]Settlement, n int) []Settlement {
+func (o *outcomes) take(list *[]queued, n int) []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	k := min(len(*list), n)
 	if k == 0 {
 		return nil
 	}
-	out := append([]Settlement(nil), (*list)[:k]...)
+	out := append([]queued(nil), (*list)[:k]...)
 	*list = append((*list)[:0], (*list)[k:]...)
 	return out
 }
 
-func (o *outcomes) takeDone(n int) []Settlement   { return o.take(&o.done, n) }
-func (o *outcomes) takeFailed(n int) []Settlement { return o.take(&o.failed, n) }
+func (o *outcomes) takeDone(n int) []queued   { return o.take(&o.done, n) }
+func (o *outcomes) takeFailed(n int) []queued { return o.take(&o.failed, n) }
 
 // counts returns the lengths of the lists.
 func (o *outcomes) counts() (done, failed int) {
@@ -111,7 +130,7 @@ func (o *outcomes) counts() (done, failed int) {
 }
 
 // closeAll marks the lists closed and returns all they held.
-func (o *outcomes) closeAll() []Settlement {
+func (o *outcomes) closeAll() []queued {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closed = true
@@ -123,18 +142,18 @@ func (o *outcomes) closeAll() []Settlement {
 // send queues a handler's outcome. After the settler's last write (a
 // handler that outlived the shutdown) it is logged as dropped: the
 // message's lease lapses and it is delivered again.
-func (r *Relay) send(s Settlement) {
+func (r *Relay) send(s queued) {
 	if !r.out.add(s) {
-		r.dropped("the relay has stopped", []Settlement{s})
+		r.dropped("the relay has stopped", []queued{s})
 	}
 }
 
 // putBack queues outcomes whose write failed, to be written again (they are
 // fenced, so a late write is harmless), unless the lease of their claim
 // has lapsed: those are dropped, as another relay may deliver them again.
-func (r *Relay) putBack(batch []Settlement) {
+func (r *Relay) putBack(batch []queued) {
 	now := time.Now()
-	keep, lapsed := batch[:0:0], []Settlement(nil)
+	keep, lapsed := batch[:0:0], []queued(nil)
 	for _, s := range batch {
 		if s.expires.IsZero() || now.Before(s.expires) {
 			keep = append(keep, s)
@@ -151,7 +170,7 @@ func (r *Relay) putBack(batch []Settlement) {
 }
 
 // dropped logs outcomes that will never be written.
-func (r *Relay) dropped(why string, batch []Settlement) {
+func (r *Relay) dropped(why string, batch []queued) {
 	ids := make([]string, 0, min(len(batch), 10))
 	for _, s := range batch[:min(len(batch), 10)] {
 		ids = append(ids, s.ID.String())
@@ -176,11 +195,11 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	failures := 0 // writes failed in a row; while > 0, wait for retry
-	write := func(batch []Settlement) {
+	write := func(batch []queued) {
 		if len(batch) == 0 {
 			return
 		}
-		if err := r.settle(ctx, batch); err != nil {
+		if err := r.settle(ctx, settlements(batch)); err != nil {
 			r.putBack(batch)
 			failures++
 			retry.Reset(settleRetry.Delay(failures))
@@ -243,7 +262,7 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 func (r *Relay) finalSettle(ctx context.Context) {
 	batch := r.out.closeAll()
 	for attempt := 1; len(batch) > 0; attempt++ {
-		if r.settle(ctx, batch) == nil {
+		if r.settle(ctx, settlements(batch)) == nil {
 			return
 		}
 		if attempt == finalAttempts {
@@ -255,7 +274,7 @@ func (r *Relay) finalSettle(ctx context.Context) {
 }
 
 // settle writes batch with one Settle call (a statement per kind).
-func (r *Relay) settle(ctx context.Context, batch []Settlement) error {
+func (r *Relay) settle(ctx context.Context, batch []outboxdriver.Settlement) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	applied, err := r.d.Settle(ctx, r.db, r.ob.table, r.settleP, batch)
@@ -267,7 +286,7 @@ func (r *Relay) settle(ctx context.Context, batch []Settlement) error {
 }
 
 // report logs and traces the outcome of writing batch.
-func (r *Relay) report(ctx context.Context, batch []Settlement, applied []Fence, err error) {
+func (r *Relay) report(ctx context.Context, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
 	if err != nil {
 		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", len(batch))
 	} else if len(applied) < len(batch) {

@@ -8,40 +8,44 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // blockingDialect records Settle batches; a Settle call blocks while
 // block is set, after signalling entered.
 type blockingDialect struct {
 	mu      sync.Mutex
-	batches [][]Settlement
+	batches [][]outboxdriver.Settlement
 	block   chan struct{} // nil: do not block
 	entered chan struct{}
 }
 
-func (*blockingDialect) Name() string                              { return "blocking" }
-func (*blockingDialect) Capabilities() Capabilities                { return Capabilities{} }
-func (*blockingDialect) Insert(Table, []Row, Wake) (string, []any) { return "", nil }
-func (*blockingDialect) Classify(err error) error                  { return err }
-func (*blockingDialect) Claim(context.Context, DB, Table, ClaimParams) ([]Claimed, []Fence, error) {
+func (*blockingDialect) Name() string                            { return "blocking" }
+func (*blockingDialect) Capabilities() outboxdriver.Capabilities { return outboxdriver.Capabilities{} }
+func (*blockingDialect) Insert(Table, []outboxdriver.Row, outboxdriver.Wake) (string, []any) {
+	return "", nil
+}
+func (*blockingDialect) Classify(err error) error { return err }
+func (*blockingDialect) Claim(context.Context, DB, Table, outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	return nil, nil, nil
 }
-func (d *blockingDialect) Settle(_ context.Context, _ DB, _ Table, _ SettleParams, s []Settlement) ([]Fence, error) {
+func (d *blockingDialect) Settle(_ context.Context, _ DB, _ Table, _ outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
 	d.mu.Lock()
-	d.batches = append(d.batches, append([]Settlement(nil), s...))
+	d.batches = append(d.batches, append([]outboxdriver.Settlement(nil), s...))
 	block := d.block
 	d.mu.Unlock()
 	if block != nil {
 		d.entered <- struct{}{}
 		<-block
 	}
-	fences := make([]Fence, len(s))
+	fences := make([]outboxdriver.Fence, len(s))
 	for i := range s {
 		fences[i] = s[i].Fence
 	}
 	return fences, nil
 }
-func (*blockingDialect) Renew(context.Context, DB, Table, time.Duration, []Fence) ([]Fence, error) {
+func (*blockingDialect) Renew(context.Context, DB, Table, time.Duration, []outboxdriver.Fence) ([]outboxdriver.Fence, error) {
 	return nil, nil
 }
 func (*blockingDialect) Redrive(context.Context, DB, Table, string) (int64, error) { return 0, nil }
@@ -54,7 +58,7 @@ func (*blockingDialect) Check(context.Context, DB, Table) error                 
 
 type noDB struct{}
 
-func (noDB) QueryDB(context.Context, string, ...any) (Rows, error) { return nil, nil }
+func (noDB) QueryDB(context.Context, string, ...any) (outboxdriver.Rows, error) { return nil, nil }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writes.
 type syncBuffer struct {
@@ -76,7 +80,7 @@ func (s *syncBuffer) String() string {
 
 // startSettler builds a relay on d and runs only its settler, until stop
 // is closed.
-func startSettler(t *testing.T, d RelayDialect) (*Relay, *syncBuffer, chan struct{}) {
+func startSettler(t *testing.T, d outboxdriver.RelayDialect) (*Relay, *syncBuffer, chan struct{}) {
 	ob, err := New(d, Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -101,11 +105,11 @@ func TestOutcomeDuringFinalSettle(t *testing.T) {
 	d := &blockingDialect{block: make(chan struct{}), entered: make(chan struct{}, 1)}
 	r, logs, stop := startSettler(t, d)
 
-	first := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleDone}
+	first := queued{Settlement: outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: NewID(), Attempts: 1}, Kind: outboxdriver.SettleDone}}
 	r.send(first) // waits doneLinger for a claim: still waiting at stop
 	close(stop)
 	<-d.entered // the final write has begun, with first
-	late := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleRetry, Delay: time.Second, Error: "late"}
+	late := queued{Settlement: outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: NewID(), Attempts: 1}, Kind: outboxdriver.SettleRetry, Delay: time.Second, Error: "late"}}
 	r.send(late)
 	close(d.block)
 	<-r.out.stopped
@@ -130,8 +134,8 @@ func TestOutcomeDuringFinalSettle(t *testing.T) {
 func TestFailedSettleIsRetried(t *testing.T) {
 	d := &failingDialect{failures: 2}
 	r, logs, stop := startSettler(t, d)
-	live := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleRetry, Error: "x", expires: time.Now().Add(time.Minute)}
-	lapsed := Settlement{Fence: Fence{NewID(), 1}, Kind: SettleRetry, Error: "y", expires: time.Now().Add(-time.Second)}
+	live := queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: NewID(), Attempts: 1}, Kind: outboxdriver.SettleRetry, Error: "x"}, time.Now().Add(time.Minute)}
+	lapsed := queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: NewID(), Attempts: 1}, Kind: outboxdriver.SettleRetry, Error: "y"}, time.Now().Add(-time.Second)}
 	r.send(live)
 	r.send(lapsed)
 	deadline := time.Now().Add(5 * time.Second)
@@ -158,7 +162,7 @@ type failingDialect struct {
 	written  map[ID]bool
 }
 
-func (d *failingDialect) Settle(_ context.Context, _ DB, _ Table, _ SettleParams, s []Settlement) ([]Fence, error) {
+func (d *failingDialect) Settle(_ context.Context, _ DB, _ Table, _ outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.failures > 0 {
@@ -168,7 +172,7 @@ func (d *failingDialect) Settle(_ context.Context, _ DB, _ Table, _ SettleParams
 	if d.written == nil {
 		d.written = map[ID]bool{}
 	}
-	fences := make([]Fence, len(s))
+	fences := make([]outboxdriver.Fence, len(s))
 	for i := range s {
 		d.written[s[i].ID] = true
 		fences[i] = s[i].Fence
@@ -182,4 +186,4 @@ func (d *failingDialect) wrote(id ID) bool {
 	return d.written[id]
 }
 
-var errInjected = &ConfigError{"test", "injected settle failure"}
+var errInjected = &ConfigError{Field: "test", Reason: "injected settle failure"}

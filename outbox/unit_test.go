@@ -6,18 +6,22 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-type stubDialect struct{ caps Capabilities }
+type stubDialect struct{ caps outboxdriver.Capabilities }
 
 func (stubDialect) Name() string                              { return "stub" }
-func (s stubDialect) Capabilities() Capabilities              { return s.caps }
-func (stubDialect) Insert(Table, []Row, Wake) (string, []any) { return "", nil }
-func (stubDialect) Classify(err error) error                  { return err }
+func (s stubDialect) Capabilities() outboxdriver.Capabilities { return s.caps }
+func (stubDialect) Insert(Table, []outboxdriver.Row, outboxdriver.Wake) (string, []any) {
+	return "", nil
+}
+func (stubDialect) Classify(err error) error { return err }
 
 func TestConfigValidation(t *testing.T) {
-	pg := stubDialect{Capabilities{Notify: true, MaxParams: 65535, ParamsPerRow: 7}}
-	quiet := stubDialect{Capabilities{MaxParams: 999, ParamsPerRow: 7}}
+	pg := stubDialect{outboxdriver.Capabilities{Notify: true, MaxParams: 65535, ParamsPerRow: 7}}
+	quiet := stubDialect{outboxdriver.Capabilities{MaxParams: 999, ParamsPerRow: 7}}
 	for _, tc := range []struct {
 		name  string
 		d     Dialect
@@ -176,7 +180,7 @@ func TestCheckJSONAllocs(t *testing.T) {
 func TestDialectDepth(t *testing.T) {
 	deep := func(n int) []byte { return []byte(strings.Repeat("[", n) + strings.Repeat("]", n)) }
 	for _, tc := range []struct{ caps, want int }{{0, MaxPayloadDepth}, {3, 3}, {31, 31}, {MaxPayloadDepth + 100, MaxPayloadDepth}} {
-		ob, err := New(stubDialect{Capabilities{MaxJSONDepth: tc.caps}}, Config{})
+		ob, err := New(stubDialect{outboxdriver.Capabilities{MaxJSONDepth: tc.caps}}, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,7 @@
 // Package pgxtx adapts pgx v5 to oncommit.
 //
 // [From] wraps a pgx.Tx (from pgx.Conn.Begin, pgxpool.Pool.Begin or
-// pgxpool.Conn.Begin) so that [outbox.Outbox.Publish] writes the message inside
+// pgxpool.Conn.Begin) so that [outboxdriver.Outbox.Publish] writes the message inside
 // that transaction. [FromConn] wraps a *pgx.Conn on which the caller has
 // opened a transaction with SQL (BEGIN); it checks the connection's
 // transaction status before every Publish and refuses a connection in
@@ -23,31 +23,31 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/internal/pglisten"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// Tx is the [outbox.Tx] around a pgx.Tx. Build it with [From].
+// Tx is the [outboxdriver.Tx] around a pgx.Tx. Build it with [From].
 type Tx struct {
 	tx pgx.Tx
 }
 
-// From returns tx as an [outbox.Tx]. It does nothing else: tx stays the
+// From returns tx as an [outboxdriver.Tx]. It does nothing else: tx stays the
 // caller's to commit or roll back.
 func From(tx pgx.Tx) Tx { return Tx{tx: tx} }
 
-// CheckTx returns [outbox.ErrNilTx] for a nil pgx.Tx. A committed or
+// CheckTx returns [outboxdriver.ErrNilTx] for a nil pgx.Tx. A committed or
 // rolled-back pgx.Tx is reported by QueryTx, which pgx refuses locally.
 func (t Tx) CheckTx() error {
 	if t.tx == nil {
-		return outbox.ErrNilTx
+		return outboxdriver.ErrNilTx
 	}
 	return nil
 }
 
 // QueryTx runs query on the transaction.
-func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	if t.tx == nil {
-		return nil, outbox.ErrNilTx
+		return nil, outboxdriver.ErrNilTx
 	}
 	return queryOn(ctx, t.tx, query, args)
 }
@@ -55,44 +55,44 @@ func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows
 // ExecTx runs query on the transaction.
 func (t Tx) ExecTx(ctx context.Context, query string, args ...any) error {
 	if t.tx == nil {
-		return outbox.ErrNilTx
+		return outboxdriver.ErrNilTx
 	}
 	return execOn(ctx, t.tx, query, args)
 }
 
-// Conn is the [outbox.Tx] around a *pgx.Conn with an open transaction.
+// Conn is the [outboxdriver.Tx] around a *pgx.Conn with an open transaction.
 // Build it with [FromConn].
 type Conn struct {
 	conn *pgx.Conn
 }
 
-// FromConn returns conn as an [outbox.Tx]. Publish accepts it only while the
+// FromConn returns conn as an [outboxdriver.Tx]. Publish accepts it only while the
 // connection is inside a transaction that has not failed.
 func FromConn(conn *pgx.Conn) Conn { return Conn{conn: conn} }
 
 // CheckTx reads the transaction status the server last reported, without
-// sending anything: [outbox.ErrNotInTransaction] in autocommit,
-// [outbox.ErrTxAborted] in a failed transaction, [outbox.ErrTxDone] on a
+// sending anything: [outboxdriver.ErrNotInTransaction] in autocommit,
+// [outboxdriver.ErrTxAborted] in a failed transaction, [outboxdriver.ErrTxDone] on a
 // closed connection.
 func (c Conn) CheckTx() error {
 	if c.conn == nil {
-		return outbox.ErrNilTx
+		return outboxdriver.ErrNilTx
 	}
 	if c.conn.IsClosed() {
-		return fmt.Errorf("%w: connection is closed", outbox.ErrTxDone)
+		return fmt.Errorf("%w: connection is closed", outboxdriver.ErrTxDone)
 	}
 	switch c.conn.PgConn().TxStatus() {
 	case 'T':
 		return nil
 	case 'E':
-		return outbox.ErrTxAborted
+		return outboxdriver.ErrTxAborted
 	default:
-		return outbox.ErrNotInTransaction
+		return outboxdriver.ErrNotInTransaction
 	}
 }
 
 // QueryTx runs query on the connection.
-func (c Conn) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (c Conn) QueryTx(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	if err := c.CheckTx(); err != nil {
 		return nil, err
 	}
@@ -117,15 +117,15 @@ func execOn(ctx context.Context, q querier, sql string, args []any) error {
 	return txClosed(err)
 }
 
-// txClosed adds outbox.ErrTxDone to pgx's pgx.ErrTxClosed.
+// txClosed adds outboxdriver.ErrTxDone to pgx's pgx.ErrTxClosed.
 func txClosed(err error) error {
 	if errors.Is(err, pgx.ErrTxClosed) {
-		return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
+		return fmt.Errorf("%w: %w", outboxdriver.ErrTxDone, err)
 	}
 	return err
 }
 
-func queryOn(ctx context.Context, q querier, sql string, args []any) (outbox.Rows, error) {
+func queryOn(ctx context.Context, q querier, sql string, args []any) (outboxdriver.Rows, error) {
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, txClosed(err)
@@ -133,7 +133,7 @@ func queryOn(ctx context.Context, q querier, sql string, args []any) (outbox.Row
 	return pgxRows{rows}, nil
 }
 
-// pgxRows gives pgx.Rows the Close() error of [outbox.Rows].
+// pgxRows gives pgx.Rows the Close() error of [outboxdriver.Rows].
 type pgxRows struct{ pgx.Rows }
 
 func (r pgxRows) Close() error {
@@ -141,19 +141,19 @@ func (r pgxRows) Close() error {
 	return r.Rows.Err()
 }
 
-// DB is the [outbox.DB] around a *pgxpool.Pool, for the relay and the
+// DB is the [outboxdriver.DB] around a *pgxpool.Pool, for the relay and the
 // operations. Build it with [Pool].
 type DB struct {
 	pool *pgxpool.Pool
 }
 
-// Pool returns pool as an [outbox.DB]. The relay listens for notifications
+// Pool returns pool as an [outboxdriver.DB]. The relay listens for notifications
 // on a dedicated connection it opens with the pool's configuration and the
 // application_name "oncommit-listener" (not one of the pool's connections).
 func Pool(pool *pgxpool.Pool) *DB { return &DB{pool: pool} }
 
 // QueryDB runs query on the pool, outside any transaction.
-func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	rows, err := d.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Row
 }
 
 // CanListen returns nil: pgx can always listen, on a connection of its own
-// (the pool's size does not matter). It implements [outbox.Listener].
+// (the pool's size does not matter). It implements [outboxdriver.Listener].
 func (d *DB) CanListen() error { return nil }
 
 // ListenDB opens a dedicated connection and listens on it until ctx ends or

@@ -1,6 +1,6 @@
 // Package sqltx adapts database/sql to oncommit.
 //
-// [From] wraps the caller's *sql.Tx so that [outbox.Outbox.Publish] writes the
+// [From] wraps the caller's *sql.Tx so that [outboxdriver.Outbox.Publish] writes the
 // message inside that transaction; the message commits or rolls back with the
 // business rows. From takes only a *sql.Tx, so a *sql.DB or *sql.Conn (which
 // would commit the message on its own) does not compile.
@@ -26,33 +26,33 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/oncommit/oncommit/internal/pglisten"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// Tx is the [outbox.Tx] around a *sql.Tx. Build it with [From].
+// Tx is the [outboxdriver.Tx] around a *sql.Tx. Build it with [From].
 type Tx struct {
 	tx *sql.Tx
 }
 
-// From returns tx as an [outbox.Tx]. It does nothing else: tx stays the
+// From returns tx as an [outboxdriver.Tx]. It does nothing else: tx stays the
 // caller's to commit or roll back.
 func From(tx *sql.Tx) Tx { return Tx{tx: tx} }
 
-// CheckTx returns [outbox.ErrNilTx] for a nil *sql.Tx. database/sql does not
+// CheckTx returns [outboxdriver.ErrNilTx] for a nil *sql.Tx. database/sql does not
 // expose whether a transaction has finished; QueryTx reports that without
 // sending anything.
 func (t Tx) CheckTx() error {
 	if t.tx == nil {
-		return outbox.ErrNilTx
+		return outboxdriver.ErrNilTx
 	}
 	return nil
 }
 
 // QueryTx runs query on the transaction. A finished transaction gives an
-// error wrapping both [outbox.ErrTxDone] and [sql.ErrTxDone].
-func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+// error wrapping both [outboxdriver.ErrTxDone] and [sql.ErrTxDone].
+func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	if t.tx == nil {
-		return nil, outbox.ErrNilTx
+		return nil, outboxdriver.ErrNilTx
 	}
 	rows, err := t.tx.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -62,24 +62,24 @@ func (t Tx) QueryTx(ctx context.Context, query string, args ...any) (outbox.Rows
 }
 
 // ExecTx runs query on the transaction. A finished transaction gives an
-// error wrapping both [outbox.ErrTxDone] and [sql.ErrTxDone].
+// error wrapping both [outboxdriver.ErrTxDone] and [sql.ErrTxDone].
 func (t Tx) ExecTx(ctx context.Context, query string, args ...any) error {
 	if t.tx == nil {
-		return outbox.ErrNilTx
+		return outboxdriver.ErrNilTx
 	}
 	_, err := t.tx.ExecContext(ctx, query, args...)
 	return txDone(err)
 }
 
-// txDone adds outbox.ErrTxDone to database/sql's sql.ErrTxDone.
+// txDone adds outboxdriver.ErrTxDone to database/sql's sql.ErrTxDone.
 func txDone(err error) error {
 	if errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("%w: %w", outbox.ErrTxDone, err)
+		return fmt.Errorf("%w: %w", outboxdriver.ErrTxDone, err)
 	}
 	return err
 }
 
-// DB is the [outbox.DB] around a *sql.DB, for the relay and the operations.
+// DB is the [outboxdriver.DB] around a *sql.DB, for the relay and the operations.
 // Build it with [Pool].
 type DB struct {
 	db *sql.DB
@@ -94,13 +94,13 @@ type DB struct {
 // maxPrepared bounds the statements a DB keeps prepared.
 const maxPrepared = 64
 
-// Pool returns db as an [outbox.DB]. With pgx's stdlib driver it can also
+// Pool returns db as an [outboxdriver.DB]. With pgx's stdlib driver it can also
 // listen for notifications (on a connection it takes from db for as long as
 // the relay runs); with lib/pq the relay polls only.
 func Pool(db *sql.DB) *DB { return &DB{db: db} }
 
 // QueryDB runs query on the pool, outside any transaction.
-func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	rows, err := d.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -110,9 +110,9 @@ func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Row
 
 // QueryPrepared runs query like QueryDB, as a prepared statement kept for
 // the next calls (database/sql prepares it again on each connection that
-// runs it). It implements [outbox.PreparedDB]; the SQLite dialect runs its
+// runs it). It implements [outboxdriver.PreparedDB]; the SQLite dialect runs its
 // claim and settle statements this way.
-func (d *DB) QueryPrepared(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (d *DB) QueryPrepared(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	st, err := d.stmt(ctx, query)
 	if err != nil {
 		return nil, err
@@ -154,20 +154,20 @@ func (d *DB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 // needs pgx's stdlib driver (lib/pq cannot LISTEN through database/sql),
 // and a pool that allows at least two open connections, because the
 // listener holds one for as long as the relay runs. It implements
-// [outbox.Listener].
+// [outboxdriver.Listener].
 func (d *DB) CanListen() error {
 	if drv, ok := d.db.Driver().(*stdlib.Driver); !ok || drv == nil {
-		return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver; the driver %T cannot (use pgx's stdlib driver or pgxtx, or set RelayConfig.Listen to NotifyOff)", outbox.ErrUnsupported, d.db.Driver())
+		return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver; the driver %T cannot (use pgx's stdlib driver or pgxtx, or set RelayConfig.Listen to NotifyOff)", outboxdriver.ErrUnsupported, d.db.Driver())
 	}
 	if n := d.db.Stats().MaxOpenConnections; n == 1 {
-		return &outbox.ConfigError{Field: "DB", Reason: "the *sql.DB allows 1 open connection (SetMaxOpenConns) and the relay's listener holds one for as long as it runs, leaving none for claims: allow at least 2 (plus what the application needs), or set RelayConfig.Listen to NotifyOff"}
+		return &outboxdriver.ConfigError{Field: "DB", Reason: "the *sql.DB allows 1 open connection (SetMaxOpenConns) and the relay's listener holds one for as long as it runs, leaving none for claims: allow at least 2 (plus what the application needs), or set RelayConfig.Listen to NotifyOff"}
 	}
 	return nil
 }
 
 // ListenDB listens for notifications on a connection taken from the pool,
 // which it discards afterwards. It needs pgx's stdlib driver; with any other
-// driver it returns an error wrapping [outbox.ErrUnsupported] and the relay
+// driver it returns an error wrapping [outboxdriver.ErrUnsupported] and the relay
 // polls only.
 func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload string)) error {
 	conn, err := d.db.Conn(ctx)
@@ -178,12 +178,12 @@ func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload s
 	err = conn.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
 		if !ok {
-			return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver, not %T", outbox.ErrUnsupported, dc)
+			return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver, not %T", outboxdriver.ErrUnsupported, dc)
 		}
 		// The connection is listening: never give it back to the pool.
 		return errors.Join(pglisten.Run(ctx, sc.Conn(), listenSQL, wake), driver.ErrBadConn)
 	})
-	if errors.Is(err, outbox.ErrUnsupported) {
+	if errors.Is(err, outboxdriver.ErrUnsupported) {
 		return err
 	}
 	if ctx.Err() != nil {
@@ -194,9 +194,9 @@ func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload s
 
 // InTx runs f inside one transaction on one connection of the pool (begun
 // with the database's default isolation level), then commits, or rolls back
-// when f fails. It implements [outbox.TxDB]: the MySQL dialect claims this
+// when f fails. It implements [outboxdriver.TxDB]: the MySQL dialect claims this
 // way (SELECT ... FOR UPDATE SKIP LOCKED, then UPDATE, then COMMIT).
-func (d *DB) InTx(ctx context.Context, f func(tx outbox.DB) error) error {
+func (d *DB) InTx(ctx context.Context, f func(tx outboxdriver.DB) error) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -208,7 +208,7 @@ func (d *DB) InTx(ctx context.Context, f func(tx outbox.DB) error) error {
 	return tx.Commit()
 }
 
-// txDB is a transaction as an outbox.DB and an outbox.ExecDB.
+// txDB is a transaction as an outboxdriver.DB and an outboxdriver.ExecDB.
 type txDB struct{ tx *sql.Tx }
 
 // ExecDB runs query on the transaction and returns the rows it changed.
@@ -220,7 +220,7 @@ func (t txDB) ExecDB(ctx context.Context, query string, args ...any) (int64, err
 	return res.RowsAffected()
 }
 
-func (t txDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (t txDB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	rows, err := t.tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err

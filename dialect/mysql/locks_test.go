@@ -15,6 +15,7 @@ import (
 	"github.com/oncommit/oncommit/dialect/mysql"
 	"github.com/oncommit/oncommit/internal/mysqltest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // latestDeadlock returns the LATEST DETECTED DEADLOCK section of SHOW
@@ -51,9 +52,9 @@ func TestPublishersNotDeadlockVictims(t *testing.T) {
 	for range 4 {
 		db := sqltx.Pool(mysqltest.Open(t, nil))
 		wg.Go(func() {
-			var done []outbox.Fence
+			var done []outboxdriver.Fence
 			for ctx.Err() == nil {
-				cs, _, err := d.Claim(ctx, db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5, Done: done})
+				cs, _, err := d.Claim(ctx, db, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5, Done: done})
 				if err != nil {
 					if ctx.Err() == nil {
 						t.Errorf("claim: %v", err)
@@ -62,7 +63,7 @@ func TestPublishersNotDeadlockVictims(t *testing.T) {
 				}
 				done = done[:0]
 				for _, c := range cs {
-					done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+					done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 				}
 				claimed.Add(int64(len(cs)))
 				if len(cs) == 0 {
@@ -118,7 +119,7 @@ func TestPublishersNotDeadlockVictims(t *testing.T) {
 // runs f, reports the rows the transaction has locked on locked, and
 // commits only when release is closed.
 type openClaim struct {
-	outbox.TxDB
+	outboxdriver.TxDB
 	locked  chan int
 	release chan struct{}
 }
@@ -158,7 +159,7 @@ func (o openClaim) InTx(ctx context.Context, f func(tx outbox.DB) error) error {
 func TestClaimLocksOnlyItsRows(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil, outbox.Config{})
-	d := e.ob.Dialect().(outbox.RelayDialect)
+	d := e.ob.Dialect().(outboxdriver.RelayDialect)
 	publishMany(t, e, 5, "b")
 	publishMany(t, e, 5, "c")
 	publishMany(t, e, 20000, "a")
@@ -175,12 +176,12 @@ func TestClaimLocksOnlyItsRows(t *testing.T) {
 	} {
 		held := openClaim{TxDB: sqltx.Pool(mysqltest.Open(t, nil)), locked: make(chan int, 1), release: make(chan struct{})}
 		type result struct {
-			cs  []outbox.Claimed
+			cs  []outboxdriver.Claimed
 			err error
 		}
 		first := make(chan result, 1)
 		go func() {
-			cs, _, err := d.Claim(ctx, held, e.ob.Table(), outbox.ClaimParams{Topics: []string{tc.open}, Limit: tc.openLimit, Lease: time.Minute, MaxAttempts: 5})
+			cs, _, err := d.Claim(ctx, held, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{tc.open}, Limit: tc.openLimit, Lease: time.Minute, MaxAttempts: 5})
 			first <- result{cs, err}
 		}()
 		var locked int
@@ -190,7 +191,7 @@ func TestClaimLocksOnlyItsRows(t *testing.T) {
 			t.Fatalf("claim of %s: %v", tc.open, r.err)
 		}
 		short, cancel := context.WithTimeout(ctx, 10*time.Second)
-		cs, _, err := d.Claim(short, sqltx.Pool(e.pool), e.ob.Table(), outbox.ClaimParams{Topics: []string{tc.other}, Limit: tc.otherLimit, Lease: time.Minute, MaxAttempts: 5})
+		cs, _, err := d.Claim(short, sqltx.Pool(e.pool), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{tc.other}, Limit: tc.otherLimit, Lease: time.Minute, MaxAttempts: 5})
 		cancel()
 		close(held.release)
 		r := <-first
@@ -217,7 +218,7 @@ func TestClaimLocksOnlyItsRows(t *testing.T) {
 // the test.
 func TestSettleNotBlockedByOtherRows(t *testing.T) {
 	t.Parallel()
-	d := mysql.New(mysql.Config{LockRetries: -1}).(outbox.RelayDialect)
+	d := mysql.New(mysql.Config{LockRetries: -1}).(outboxdriver.RelayDialect)
 	e := newEnv(t, d, outbox.Config{})
 	ctx := context.Background()
 	first := e.publish(t, outbox.Message{Topic: "x", DedupKey: "k"})[0]
@@ -233,14 +234,14 @@ func TestSettleNotBlockedByOtherRows(t *testing.T) {
 		c.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
 	}))
 	tb := e.ob.Table()
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 20, Lease: time.Minute, MaxAttempts: 5}
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 20, Lease: time.Minute, MaxAttempts: 5}
 	cs, _, err := d.Claim(ctx, db, tb, p)
 	if err != nil || len(cs) != 20 {
 		t.Fatalf("claim: %d rows, %v", len(cs), err)
 	}
-	fences := make([]outbox.Fence, len(cs))
+	fences := make([]outboxdriver.Fence, len(cs))
 	for i, c := range cs {
-		fences[i] = outbox.Fence{ID: c.ID, Attempts: c.Attempts}
+		fences[i] = outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
 	}
 
 	dup := e.begin(t)
@@ -259,16 +260,16 @@ func TestSettleNotBlockedByOtherRows(t *testing.T) {
 	if _, done, err := d.Claim(ctx, db, tb, p); err != nil || len(done) != 10 {
 		t.Errorf("claim carrying 10 successes: %d applied, %v", len(done), err)
 	}
-	var s []outbox.Settlement
+	var s []outboxdriver.Settlement
 	for i, f := range fences[10:] {
-		kind := outbox.SettleRetry
+		kind := outboxdriver.SettleRetry
 		if i >= 5 {
-			kind = outbox.SettleDead
+			kind = outboxdriver.SettleDead
 		}
-		s = append(s, outbox.Settlement{Fence: f, Kind: kind, Delay: time.Hour, Error: "later"})
+		s = append(s, outboxdriver.Settlement{Fence: f, Kind: kind, Delay: time.Hour, Error: "later"})
 	}
 	s[9].Attempts = 7
-	if applied, err := d.Settle(ctx, db, tb, outbox.SettleParams{}, s); err != nil || len(applied) != 9 {
+	if applied, err := d.Settle(ctx, db, tb, outboxdriver.SettleParams{}, s); err != nil || len(applied) != 9 {
 		t.Errorf("settle of 10 other rows, one stale: %d applied, %v; want 9", len(applied), err)
 	}
 	if n, err := d.Redrive(ctx, db, tb, "t"); err != nil || n != 4 {

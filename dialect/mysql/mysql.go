@@ -11,13 +11,13 @@
 // row whose dedup key is taken without an error (and without INSERT
 // IGNORE, which would also turn real errors into warnings), followed by a
 // SELECT of the generated ids to learn which rows were stored: MySQL has no
-// INSERT ... RETURNING (see [outbox.StoredLister]). Times come from the
+// INSERT ... RETURNING (see [outboxdriver.StoredLister]). Times come from the
 // database clock, UTC_TIMESTAMP(6) (microseconds, UTC whatever the
 // session's time zone), evaluated per statement. There is no NOTIFY:
 // relays poll, every [DefaultPollInterval] unless configured.
 //
 // The claim is one short transaction on the relay's pool (the pool must
-// implement [outbox.TxDB], as sqltx.Pool does): a plain read (which takes
+// implement [outboxdriver.TxDB], as sqltx.Pool does): a plain read (which takes
 // no locks) of the next due ids of the relay's topics through the claim
 // index (topic, claim_at, id), then SELECT ... FOR UPDATE SKIP LOCKED of
 // those ids by primary key, UPDATE, COMMIT, before any handler runs. Every
@@ -38,7 +38,7 @@
 // waiting for a lock (1205) is run again, up to Config.LockRetries times
 // with a short backoff, and each rerun is reported to Config.OnLockRetry.
 // The dialect never retries the caller's statements: Publish returns such
-// errors (classified by [outbox.Dialect.Classify]).
+// errors (classified by [outboxdriver.Dialect.Classify]).
 //
 // The relay's statements carry their values as SQL literals (integers,
 // ids in their canonical form, and text as hexadecimal literals, topics
@@ -59,7 +59,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/oncommit/oncommit/internal/oerr"
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // MaxParams is the most bind parameters one MySQL statement may carry.
@@ -101,10 +101,10 @@ type Config struct {
 }
 
 // Dialect returns the MySQL/MariaDB dialect with the default Config.
-func Dialect() outbox.Dialect { return New(Config{}) }
+func Dialect() outboxdriver.Dialect { return New(Config{}) }
 
 // New returns the MySQL/MariaDB dialect configured by cfg.
-func New(cfg Config) outbox.Dialect {
+func New(cfg Config) outboxdriver.Dialect {
 	if cfg.LockRetries == 0 {
 		cfg.LockRetries = DefaultLockRetries
 	}
@@ -121,8 +121,8 @@ func New(cfg Config) outbox.Dialect {
 			p()
 			b.WriteString(" AS DATETIME(6)))")
 		},
-		DelayArg:     func(r *outbox.Row) any { return r.Delay.Microseconds() },
-		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore.UTC().Format(datetime) },
+		DelayArg:     func(r *outboxdriver.Row) any { return r.Delay.Microseconds() },
+		NotBeforeArg: func(r *outboxdriver.Row) any { return r.NotBefore.UTC().Format(datetime) },
 		OnConflict:   ` ON DUPLICATE KEY UPDATE id = id`,
 	}}
 }
@@ -137,12 +137,12 @@ type dialect struct {
 
 func (*dialect) Name() string { return "mysql" }
 
-func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth}
+func (*dialect) Capabilities() outboxdriver.Capabilities {
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.
-func QuoteTable(t outbox.Table) string {
+func QuoteTable(t outboxdriver.Table) string {
 	if t.Schema == "" {
 		return "`" + t.Name + "`"
 	}
@@ -162,8 +162,8 @@ func QuoteTable(t outbox.Table) string {
 // scheduled: then UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND for a Delay
 // and GREATEST(UTC_TIMESTAMP(6), CAST(? AS DATETIME(6))) for a NotBefore,
 // each parameter in its row's place.
-func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, outbox.Wake{}, func(b []byte) any { return string(b) })
+func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, _ outboxdriver.Wake) (string, []any) {
+	return d.insert.Build(QuoteTable(t), t, rows, outboxdriver.Wake{}, func(b []byte) any { return string(b) })
 }
 
 // StoredSQL returns the statement Publish runs after an INSERT with a
@@ -171,7 +171,7 @@ func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (stri
 // itself stored (a generated id cannot belong to anyone else's row).
 //
 //	SELECT id FROM `outbox` WHERE id IN (?, ?)
-func (*dialect) StoredSQL(t outbox.Table, ids []outbox.ID) (string, []any) {
+func (*dialect) StoredSQL(t outboxdriver.Table, ids []outboxdriver.ID) (string, []any) {
 	var b strings.Builder
 	b.WriteString("SELECT id FROM " + QuoteTable(t) + " WHERE id IN (")
 	args := make([]any, len(ids))
@@ -209,13 +209,13 @@ func (*dialect) Classify(err error) error {
 	var sentinel error
 	switch me.Number {
 	case errReadOnlyTx, errReadOnlyServer:
-		sentinel = outbox.ErrReadOnlyTx
+		sentinel = outboxdriver.ErrReadOnlyTx
 	case errNoSuchTable:
-		sentinel = outbox.ErrTableMissing
+		sentinel = outboxdriver.ErrTableMissing
 	case errDeadlock: // InnoDB rolled the whole transaction back
-		return oerr.Wrap(err, outbox.ErrRetryTx, outbox.ErrTxAborted)
+		return oerr.Wrap(err, outboxdriver.ErrRetryTx, outboxdriver.ErrTxAborted)
 	case errLockWaitTimeout: // the statement was rolled back
-		sentinel = outbox.ErrRetryTx
+		sentinel = outboxdriver.ErrRetryTx
 	default:
 		return err
 	}

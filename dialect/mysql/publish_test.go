@@ -19,6 +19,7 @@ import (
 	"github.com/oncommit/oncommit/internal/mysqltest"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // countingTx counts the statements Publish sends through it.
@@ -27,7 +28,7 @@ type countingTx struct {
 	n atomic.Int32
 }
 
-func (c *countingTx) QueryTx(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+func (c *countingTx) QueryTx(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
 	c.n.Add(1)
 	return c.Tx.QueryTx(ctx, q, args...)
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/oncommit/oncommit/internal/backoff"
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // lockBackoff spaces the reruns of a relay transaction after a deadlock or
@@ -24,10 +24,10 @@ var lockBackoff = backoff.Policy{Base: 5 * time.Millisecond, Cap: 200 * time.Mil
 // then rolled back the statement or the whole transaction, and InTx has
 // rolled back the rest, so nothing of the failed run is committed. f must
 // set its results afresh on each run.
-func (d *dialect) inTx(ctx context.Context, db outbox.DB, op string, f func(tx outbox.DB) error) error {
-	tdb, ok := db.(outbox.TxDB)
+func (d *dialect) inTx(ctx context.Context, db outboxdriver.DB, op string, f func(tx outboxdriver.DB) error) error {
+	tdb, ok := db.(outboxdriver.TxDB)
 	if !ok {
-		return fmt.Errorf("%w: the MySQL dialect needs a DB that implements outbox.TxDB (such as sqltx.Pool), not %T", outbox.ErrUnsupported, db)
+		return fmt.Errorf("%w: the MySQL dialect needs a DB that implements outboxdriver.TxDB (such as sqltx.Pool), not %T", outboxdriver.ErrUnsupported, db)
 	}
 	for retry := 1; ; retry++ {
 		err := tdb.InTx(ctx, f)
@@ -61,7 +61,7 @@ const claimRounds = 4
 // stops after limit rows of each. topic = ... finds the index range (the
 // collation ignores trailing spaces); CAST(topic AS BINARY) keeps only the
 // topic's exact bytes.
-func CandidatesSQL(t outbox.Table, topics []string, after Cursor, limit int) string {
+func CandidatesSQL(t outboxdriver.Table, topics []string, after Cursor, limit int) string {
 	one := func(b *strings.Builder, topic string) {
 		b.WriteString("SELECT id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', claim_at) AS at FROM ")
 		b.WriteString(QuoteTable(t))
@@ -98,7 +98,7 @@ func CandidatesSQL(t outbox.Table, topics []string, after Cursor, limit int) str
 // since 1970 and its id.
 type Cursor struct {
 	At int64
-	ID outbox.ID
+	ID outboxdriver.ID
 }
 
 // ClaimSQL returns the claim's locking read: at most limit of the
@@ -106,7 +106,7 @@ type Cursor struct {
 // key (see [KeysSQL]), skipping rows other transactions hold. It locks only
 // rows it takes, and rows another claim has taken since the candidates
 // were read (it reads them to see that they are no longer due).
-func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID, limit int) string {
+func ClaimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int) string {
 	var b strings.Builder
 	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
 	keys(&b, t, ids)
@@ -127,7 +127,7 @@ func ClaimSQL(t outbox.Table, topics []string, ids []outbox.ID, limit int) strin
 // their attempts unchanged. An empty group has no statement. Each
 // assignment reads only the row's old values: MySQL does not promise an
 // order of assignments in a multiple-table UPDATE.
-func ClaimUpdateSQL(t outbox.Table, live, dead []outbox.ID, lease time.Duration) []string {
+func ClaimUpdateSQL(t outboxdriver.Table, live, dead []outboxdriver.ID, lease time.Duration) []string {
 	var out []string
 	if len(live) > 0 {
 		var b strings.Builder
@@ -159,13 +159,13 @@ func ClaimUpdateSQL(t outbox.Table, live, dead []outbox.ID, lease time.Duration)
 // table, or when the list is most of it, MariaDB scans the table, and a
 // locking scan locks (and waits for) every row it passes, such as a row a
 // publisher has just inserted or a duplicate publish holds.
-func KeysSQL(t outbox.Table, ids []outbox.ID) string {
+func KeysSQL(t outboxdriver.Table, ids []outboxdriver.ID) string {
 	var b strings.Builder
 	keys(&b, t, ids)
 	return b.String()
 }
 
-func keys(b *strings.Builder, t outbox.Table, ids []outbox.ID) {
+func keys(b *strings.Builder, t outboxdriver.Table, ids []outboxdriver.ID) {
 	b.WriteByte('(')
 	for i, id := range ids {
 		if i > 0 {
@@ -192,15 +192,15 @@ func keys(b *strings.Builder, t outbox.Table, ids []outbox.ID) {
 // locked. It locks only the rows it takes (and rows another claim took
 // since its read, which it leaves as they are), so claims of one topic
 // never hold up claims of another, and publishers never wait for a claim.
-func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
-	var claimed []outbox.Claimed
-	var done []outbox.Fence
+func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
+	var claimed []outboxdriver.Claimed
+	var done []outboxdriver.Fence
 	s := sqlbuild.Successes(p.Done)
-	err := d.fenced(ctx, db, "claim", func(tx outbox.DB, exact bool) error {
+	err := d.fenced(ctx, db, "claim", func(tx outboxdriver.DB, exact bool) error {
 		claimed, done = nil, nil
 		if len(s) > 0 {
 			var err error
-			if done, err = settle(ctx, tx, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, s, exact); err != nil {
+			if done, err = settle(ctx, tx, t, outboxdriver.SettleParams{KeepDelivered: p.KeepDelivered}, s, exact); err != nil {
 				return err
 			}
 		}
@@ -224,16 +224,16 @@ var errStaleFence = errors.New("mysql: a fence did not hold")
 // rows they changed, one statement per kind. When a fence did not hold (f
 // returns errStaleFence), it runs f again with exact true: f then locks the
 // rows and checks each fence before writing.
-func (d *dialect) fenced(ctx context.Context, db outbox.DB, op string, f func(tx outbox.DB, exact bool) error) error {
-	err := d.inTx(ctx, db, op, func(tx outbox.DB) error { return f(tx, false) })
+func (d *dialect) fenced(ctx context.Context, db outboxdriver.DB, op string, f func(tx outboxdriver.DB, exact bool) error) error {
+	err := d.inTx(ctx, db, op, func(tx outboxdriver.DB) error { return f(tx, false) })
 	if errors.Is(err, errStaleFence) {
-		err = d.inTx(ctx, db, op, func(tx outbox.DB) error { return f(tx, true) })
+		err = d.inTx(ctx, db, op, func(tx outboxdriver.DB) error { return f(tx, true) })
 	}
 	return err
 }
 
-func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	var out []outbox.Claimed
+func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
+	var out []outboxdriver.Claimed
 	var after Cursor
 	for range claimRounds {
 		need := p.Limit - len(out)
@@ -246,8 +246,8 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 			}
 			break
 		}
-		ids := make([]outbox.ID, len(cands))
-		order := make(map[outbox.ID]int, len(cands))
+		ids := make([]outboxdriver.ID, len(cands))
+		order := make(map[outboxdriver.ID]int, len(cands))
 		for i, c := range cands {
 			ids[i], order[c.ID] = c.ID, i
 		}
@@ -255,7 +255,7 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 		if err != nil {
 			return nil, err
 		}
-		slices.SortFunc(got, func(a, b outbox.Claimed) int { return order[a.ID] - order[b.ID] })
+		slices.SortFunc(got, func(a, b outboxdriver.Claimed) int { return order[a.ID] - order[b.ID] })
 		out = append(out, got...)
 		if len(out) >= p.Limit || len(cands) < 2*need {
 			break
@@ -265,7 +265,7 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 	if len(out) == 0 {
 		return nil, nil
 	}
-	var live, dead []outbox.ID
+	var live, dead []outboxdriver.ID
 	for i := range out {
 		if out[i].Dead {
 			dead = append(dead, out[i].ID)
@@ -282,7 +282,7 @@ func claim(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPara
 }
 
 // candidates runs a CandidatesSQL read.
-func candidates(ctx context.Context, tx outbox.DB, q string) ([]Cursor, error) {
+func candidates(ctx context.Context, tx outboxdriver.DB, q string) ([]Cursor, error) {
 	rows, err := tx.QueryDB(ctx, q)
 	if err != nil {
 		return nil, err
@@ -295,7 +295,7 @@ func candidates(ctx context.Context, tx outbox.DB, q string) ([]Cursor, error) {
 			rows.Close()
 			return nil, err
 		}
-		if c.ID, err = outbox.ParseID(id); err != nil {
+		if c.ID, err = outboxdriver.ParseID(id); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -306,14 +306,14 @@ func candidates(ctx context.Context, tx outbox.DB, q string) ([]Cursor, error) {
 
 // lockDue runs ClaimSQL on the candidates ids and returns the rows it
 // locked (at most limit), attempts as the claim's update will leave them.
-func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimParams, ids []outbox.ID, limit int) ([]outbox.Claimed, error) {
+func lockDue(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, ids []outboxdriver.ID, limit int) ([]outboxdriver.Claimed, error) {
 	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, ids, limit))
 	if err != nil {
 		return nil, err
 	}
-	var out []outbox.Claimed
+	var out []outboxdriver.Claimed
 	for rows.Next() {
-		var c outbox.Claimed
+		var c outboxdriver.Claimed
 		var id string
 		var key sql.NullString
 		var created int64
@@ -321,7 +321,7 @@ func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPa
 			rows.Close()
 			return nil, err
 		}
-		if c.ID, err = outbox.ParseID(id); err != nil {
+		if c.ID, err = outboxdriver.ParseID(id); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -343,7 +343,7 @@ func lockDue(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.ClaimPa
 }
 
 // closeRows closes rows and returns the first error of the iteration.
-func closeRows(rows outbox.Rows) error {
+func closeRows(rows outboxdriver.Rows) error {
 	cerr := rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
@@ -352,7 +352,7 @@ func closeRows(rows outbox.Rows) error {
 }
 
 // exec runs a statement that returns no rows.
-func exec(ctx context.Context, db outbox.DB, q string) error {
+func exec(ctx context.Context, db outboxdriver.DB, q string) error {
 	rows, err := db.QueryDB(ctx, q)
 	if err != nil {
 		return err
@@ -363,7 +363,7 @@ func exec(ctx context.Context, db outbox.DB, q string) error {
 // LockSQL returns the locking read that fences settles and renewals: the
 // current attempts and state of the rows ids, locked until the commit,
 // reached by primary key (see [KeysSQL]).
-func LockSQL(t outbox.Table, ids []outbox.ID) string {
+func LockSQL(t outboxdriver.Table, ids []outboxdriver.ID) string {
 	var b strings.Builder
 	b.WriteString("SELECT o.id, o.attempts, o.state FROM ")
 	keys(&b, t, ids)
@@ -375,8 +375,8 @@ func LockSQL(t outbox.Table, ids []outbox.ID) string {
 // index in fences. A fence holds when its row has its attempts and state
 // processing, or state dead when deadOK says so for that fence (a row
 // dead-lettered at claim that the relay then deletes).
-func held(ctx context.Context, tx outbox.DB, t outbox.Table, fences []outbox.Fence, deadOK func(i int) bool) ([]int, error) {
-	ids := make([]outbox.ID, len(fences))
+func held(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, fences []outboxdriver.Fence, deadOK func(i int) bool) ([]int, error) {
+	ids := make([]outboxdriver.ID, len(fences))
 	for i, f := range fences {
 		ids[i] = f.ID
 	}
@@ -388,7 +388,7 @@ func held(ctx context.Context, tx outbox.DB, t outbox.Table, fences []outbox.Fen
 		attempts int
 		dead     bool
 	}
-	cur := make(map[outbox.ID]row, len(fences))
+	cur := make(map[outboxdriver.ID]row, len(fences))
 	for rows.Next() {
 		var id, state string
 		var r row
@@ -396,12 +396,12 @@ func held(ctx context.Context, tx outbox.DB, t outbox.Table, fences []outbox.Fen
 			rows.Close()
 			return nil, err
 		}
-		pid, err := outbox.ParseID(id)
+		pid, err := outboxdriver.ParseID(id)
 		if err != nil {
 			rows.Close()
 			return nil, err
 		}
-		r.dead = state == string(outbox.StateDead)
+		r.dead = state == string(outboxdriver.StateDead)
 		cur[pid] = r
 	}
 	if err := closeRows(rows); err != nil {
@@ -419,9 +419,9 @@ func held(ctx context.Context, tx outbox.DB, t outbox.Table, fences []outbox.Fen
 	return out, nil
 }
 
-func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
-	var applied []outbox.Fence
-	err := d.fenced(ctx, db, "settle", func(tx outbox.DB, exact bool) error {
+func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
+	var applied []outboxdriver.Fence
+	err := d.fenced(ctx, db, "settle", func(tx outboxdriver.DB, exact bool) error {
 		var err error
 		applied, err = settle(ctx, tx, t, p, s, exact)
 		return err
@@ -434,11 +434,11 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 
 // settle writes s inside tx with at most one fenced statement per kind.
 // Unless exact, it trusts the counts of rows changed (tx must be an
-// outbox.ExecDB): all of s applied when they add up to len(s), else it
+// outboxdriver.ExecDB): all of s applied when they add up to len(s), else it
 // returns errStaleFence. When exact, it first locks the rows and keeps the
 // settlements whose fence holds, so it knows which applied.
-func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement, exact bool) ([]outbox.Fence, error) {
-	if ex, ok := tx.(outbox.ExecDB); ok && !exact {
+func settle(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, s []outboxdriver.Settlement, exact bool) ([]outboxdriver.Fence, error) {
+	if ex, ok := tx.(outboxdriver.ExecDB); ok && !exact {
 		done, retry, dead := sqlbuild.ByKind(s)
 		var changed int64
 		for _, q := range SettleSQL(t, p, done, retry, dead) {
@@ -453,11 +453,11 @@ func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettlePa
 		}
 		return sqlbuild.FencesOf(s), nil
 	}
-	idx, err := held(ctx, tx, t, sqlbuild.FencesOf(s), func(i int) bool { return s[i].Kind == outbox.SettleDead && p.DiscardDead })
+	idx, err := held(ctx, tx, t, sqlbuild.FencesOf(s), func(i int) bool { return s[i].Kind == outboxdriver.SettleDead && p.DiscardDead })
 	if err != nil {
 		return nil, err
 	}
-	holding := make([]outbox.Settlement, len(idx))
+	holding := make([]outboxdriver.Settlement, len(idx))
 	for k, i := range idx {
 		holding[k] = s[i]
 	}
@@ -478,14 +478,14 @@ func settle(ctx context.Context, tx outbox.DB, t outbox.Table, p outbox.SettlePa
 // with p.DiscardDead). An empty group has no statement. Each reaches its
 // rows by primary key (see [KeysSQL]), so it never waits for a lock on
 // another row, and reads only old values in its assignments.
-func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox.Settlement) []string {
+func SettleSQL(t outboxdriver.Table, p outboxdriver.SettleParams, done, retry, dead []outboxdriver.Settlement) []string {
 	var out []string
 	// from starts a statement on the rows of s, by primary key.
-	from := func(b *strings.Builder, s []outbox.Settlement, verb string) {
+	from := func(b *strings.Builder, s []outboxdriver.Settlement, verb string) {
 		b.WriteString(verb)
 		keys(b, t, settlementIDs(s))
 	}
-	where := func(b *strings.Builder, s []outbox.Settlement, states string) {
+	where := func(b *strings.Builder, s []outboxdriver.Settlement, states string) {
 		b.WriteString(" WHERE o.state IN (" + states + ") AND ")
 		if same := sameAttempts(s); same >= 0 {
 			b.WriteString("o.attempts = " + strconv.Itoa(same))
@@ -518,9 +518,9 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 		var b strings.Builder
 		from(&b, retry, "UPDATE ")
 		b.WriteString(" SET\n    o.last_error = ")
-		byID(&b, retry, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
+		byID(&b, retry, func(b *strings.Builder, x *outboxdriver.Settlement) { text(b, x.Error) })
 		b.WriteString(",\n    o.available_at = ")
-		byID(&b, retry, func(b *strings.Builder, x *outbox.Settlement) {
+		byID(&b, retry, func(b *strings.Builder, x *outboxdriver.Settlement) {
 			if x.At.IsZero() {
 				b.WriteString(now + " + ")
 				micros(b, x.Delay)
@@ -543,7 +543,7 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 		} else {
 			from(&b, dead, "UPDATE ")
 			b.WriteString(" SET\n    o.last_error = ")
-			byID(&b, dead, func(b *strings.Builder, x *outbox.Settlement) { text(b, x.Error) })
+			byID(&b, dead, func(b *strings.Builder, x *outboxdriver.Settlement) { text(b, x.Error) })
 			b.WriteString(",\n    o.settled_at = " + now + ",\n    o.state = 'dead'\n")
 		}
 		where(&b, dead, states)
@@ -552,7 +552,7 @@ func SettleSQL(t outbox.Table, p outbox.SettleParams, done, retry, dead []outbox
 }
 
 // sameAttempts returns the attempts all of s share, or -1.
-func sameAttempts(s []outbox.Settlement) int {
+func sameAttempts(s []outboxdriver.Settlement) int {
 	for i := range s {
 		if s[i].Attempts != s[0].Attempts {
 			return -1
@@ -562,7 +562,7 @@ func sameAttempts(s []outbox.Settlement) int {
 }
 
 // byID writes a CASE on id giving each settlement's value.
-func byID(b *strings.Builder, s []outbox.Settlement, value func(b *strings.Builder, x *outbox.Settlement)) {
+func byID(b *strings.Builder, s []outboxdriver.Settlement, value func(b *strings.Builder, x *outboxdriver.Settlement)) {
 	b.WriteString("CASE o.id")
 	for i := range s {
 		b.WriteString(" WHEN '")
@@ -573,8 +573,8 @@ func byID(b *strings.Builder, s []outbox.Settlement, value func(b *strings.Build
 	b.WriteString(" END")
 }
 
-func settlementIDs(s []outbox.Settlement) []outbox.ID {
-	ids := make([]outbox.ID, len(s))
+func settlementIDs(s []outboxdriver.Settlement) []outboxdriver.ID {
+	ids := make([]outboxdriver.ID, len(s))
 	for i := range s {
 		ids[i] = s[i].ID
 	}
@@ -595,7 +595,7 @@ func clampTime(t time.Time) time.Time {
 
 // RenewSQL returns the lease renewal of locked rows whose fences hold, by
 // primary key (see [KeysSQL]).
-func RenewSQL(t outbox.Table, ids []outbox.ID, lease time.Duration) string {
+func RenewSQL(t outboxdriver.Table, ids []outboxdriver.ID, lease time.Duration) string {
 	var b strings.Builder
 	b.WriteString("UPDATE ")
 	keys(&b, t, ids)
@@ -604,15 +604,15 @@ func RenewSQL(t outbox.Table, ids []outbox.ID, lease time.Duration) string {
 	return b.String()
 }
 
-func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, fences []outbox.Fence) ([]outbox.Fence, error) {
-	var kept []outbox.Fence
-	err := d.inTx(ctx, db, "renew", func(tx outbox.DB) error {
+func (d *dialect) Renew(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, lease time.Duration, fences []outboxdriver.Fence) ([]outboxdriver.Fence, error) {
+	var kept []outboxdriver.Fence
+	err := d.inTx(ctx, db, "renew", func(tx outboxdriver.DB) error {
 		kept = nil
 		idx, err := held(ctx, tx, t, fences, nil)
 		if err != nil || len(idx) == 0 {
 			return err
 		}
-		ids := make([]outbox.ID, len(idx))
+		ids := make([]outboxdriver.ID, len(idx))
 		for j, i := range idx {
 			ids[j] = fences[i].ID
 			kept = append(kept, fences[i])
@@ -634,21 +634,21 @@ const opBatch = 1000
 // in a short transaction of its own. It repeats until find comes back short
 // or a round changes nothing, and returns how many rows it changed
 // (ROW_COUNT() on the transaction's connection).
-func (d *dialect) batched(ctx context.Context, db outbox.DB, op, find string, write func(ids []outbox.ID) string) (int64, error) {
+func (d *dialect) batched(ctx context.Context, db outboxdriver.DB, op, find string, write func(ids []outboxdriver.ID) string) (int64, error) {
 	var total int64
 	for {
 		rows, err := db.QueryDB(ctx, find)
 		if err != nil {
 			return total, err
 		}
-		var ids []outbox.ID
+		var ids []outboxdriver.ID
 		for rows.Next() {
 			var s string
 			if err := rows.Scan(&s); err != nil {
 				rows.Close()
 				return total, err
 			}
-			id, err := outbox.ParseID(s)
+			id, err := outboxdriver.ParseID(s)
 			if err != nil {
 				rows.Close()
 				return total, err
@@ -659,7 +659,7 @@ func (d *dialect) batched(ctx context.Context, db outbox.DB, op, find string, wr
 			return total, err
 		}
 		var n int64
-		err = d.inTx(ctx, db, op, func(tx outbox.DB) error {
+		err = d.inTx(ctx, db, op, func(tx outboxdriver.DB) error {
 			if err := exec(ctx, tx, write(ids)); err != nil {
 				return err
 			}
@@ -687,7 +687,7 @@ func (d *dialect) batched(ctx context.Context, db outbox.DB, op, find string, wr
 // can find them), revive makes those of ids still dead pending again, due
 // now, with attempts_base = attempts (attempts stays: (id, attempts) fences
 // one claim and must never repeat), by primary key (see [KeysSQL]).
-func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []outbox.ID) string) {
+func RedriveSQL(t outboxdriver.Table, topic string) (find string, revive func(ids []outboxdriver.ID) string) {
 	var cond strings.Builder
 	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'")
 	if topic != "" {
@@ -695,7 +695,7 @@ func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []ou
 		binary(&cond, topic)
 	}
 	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
-	return find, func(ids []outbox.ID) string {
+	return find, func(ids []outboxdriver.ID) string {
 		var b strings.Builder
 		b.WriteString("UPDATE ")
 		keys(&b, t, ids)
@@ -704,7 +704,7 @@ func RedriveSQL(t outbox.Table, topic string) (find string, revive func(ids []ou
 	}
 }
 
-func (d *dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
+func (d *dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	find, revive := RedriveSQL(t, topic)
 	return d.batched(ctx, db, "redrive", find, revive)
 }
@@ -717,12 +717,12 @@ const maxAge = 200 * 365 * 24 * time.Hour
 // ago: find lists such rows (through the settled_at index when they are
 // few), remove deletes those of ids that still qualify, by primary key
 // (see [KeysSQL]).
-func PurgeSQL(t outbox.Table, states []outbox.State, olderThan time.Duration) (find string, remove func(ids []outbox.ID) string) {
+func PurgeSQL(t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (find string, remove func(ids []outboxdriver.ID) string) {
 	var cond strings.Builder
 	cond.WriteString("state IN (")
 	n := 0
 	for _, s := range states {
-		if s != outbox.StateDelivered && s != outbox.StateDead {
+		if s != outboxdriver.StateDelivered && s != outboxdriver.StateDead {
 			continue // only terminal states are ever purged
 		}
 		if n > 0 {
@@ -738,7 +738,7 @@ func PurgeSQL(t outbox.Table, states []outbox.State, olderThan time.Duration) (f
 	// Forever and other huge ages: keep the date within DATETIME's range.
 	micros(&cond, min(olderThan, maxAge))
 	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
-	return find, func(ids []outbox.ID) string {
+	return find, func(ids []outboxdriver.ID) string {
 		var b strings.Builder
 		b.WriteString("DELETE o FROM ")
 		keys(&b, t, ids)
@@ -747,12 +747,12 @@ func PurgeSQL(t outbox.Table, states []outbox.State, olderThan time.Duration) (f
 	}
 }
 
-func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (int64, error) {
 	find, remove := PurgeSQL(t, states, olderThan)
 	return d.batched(ctx, db, "purge", find, remove)
 }
 
-func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
+func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
 	// Grouped by the topic's bytes: utf8mb4_bin would merge "t" and "t ".
 	return sqlbuild.Stats(ctx, db, `SELECT `+topicIs+`,
     SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
@@ -761,4 +761,4 @@ FROM `+QuoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs, time.Microsecond
 }
 
 // ListenSQL returns "": MySQL has no notifications; relays poll.
-func (*dialect) ListenSQL(outbox.Table) string { return "" }
+func (*dialect) ListenSQL(outboxdriver.Table) string { return "" }

@@ -18,6 +18,7 @@ import (
 	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/mysqltest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // lockRetries counts the dialect's reruns of relay transactions.
@@ -41,10 +42,10 @@ func (l *lockRetries) dialect() outbox.Dialect {
 }
 
 // newRetryEnv returns a fresh env whose dialect counts its reruns.
-func newRetryEnv(t *testing.T) (*lockRetries, outbox.RelayDialect, *env) {
+func newRetryEnv(t *testing.T) (*lockRetries, outboxdriver.RelayDialect, *env) {
 	t.Helper()
 	retries := &lockRetries{}
-	d := retries.dialect().(outbox.RelayDialect)
+	d := retries.dialect().(outboxdriver.RelayDialect)
 	return retries, d, newEnv(t, d, outbox.Config{})
 }
 
@@ -120,7 +121,7 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 	e := newEnv(t, nil, outbox.Config{})
 	publishMany(t, e, 1000, "t")
 	publishMany(t, e, 1000, "other")
-	d := mysql.Dialect().(outbox.RelayDialect)
+	d := mysql.Dialect().(outboxdriver.RelayDialect)
 	db := sqltx.Pool(e.pool)
 	total := dialecttest.ClaimConcurrently(t, d, db, e.ob.Table(), "t", 8, 12)
 	if total == 0 {
@@ -177,8 +178,8 @@ func TestPlansUseIndexes(t *testing.T) {
 	}
 	// The claim really takes its rows from the index, in order, with a
 	// 200,000-row table: 100 rows of t1, due, oldest first.
-	d := mysql.Dialect().(outbox.RelayDialect)
-	cs, _, err := d.Claim(context.Background(), sqltx.Pool(e.pool), tb, outbox.ClaimParams{Topics: []string{"t1"}, Limit: 100, Lease: time.Minute, MaxAttempts: 10})
+	d := mysql.Dialect().(outboxdriver.RelayDialect)
+	cs, _, err := d.Claim(context.Background(), sqltx.Pool(e.pool), tb, outboxdriver.ClaimParams{Topics: []string{"t1"}, Limit: 100, Lease: time.Minute, MaxAttempts: 10})
 	if err != nil || len(cs) != 100 {
 		t.Fatalf("claim at 200k rows: %d rows, %v", len(cs), err)
 	}
@@ -245,14 +246,14 @@ type relayStatement struct{ name, q, key string }
 // others by primary key. ids are two rows of the table (with ids of no row
 // the optimizer sees an impossible WHERE and shows no plan).
 func relayStatements(tb outbox.Table, ids []outbox.ID) []relayStatement {
-	two := func(kind outbox.SettleKind, attempts ...int) []outbox.Settlement {
-		return []outbox.Settlement{{Fence: outbox.Fence{ID: ids[0], Attempts: attempts[0]}, Kind: kind, Delay: time.Second, Error: "boom"},
-			{Fence: outbox.Fence{ID: ids[1], Attempts: attempts[1]}, Kind: kind, Delay: time.Second, Error: "boom"}}
+	two := func(kind outboxdriver.SettleKind, attempts ...int) []outboxdriver.Settlement {
+		return []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: ids[0], Attempts: attempts[0]}, Kind: kind, Delay: time.Second, Error: "boom"},
+			{Fence: outboxdriver.Fence{ID: ids[1], Attempts: attempts[1]}, Kind: kind, Delay: time.Second, Error: "boom"}}
 	}
 	// Groups of two rows: with one row the derived table of ids is a
 	// constant, and the optimizer reads the row to plan.
-	settles := mysql.SettleSQL(tb, outbox.SettleParams{}, two(outbox.SettleDone, 1, 1), two(outbox.SettleRetry, 1, 2), two(outbox.SettleDead, 3, 3))
-	kept := mysql.SettleSQL(tb, outbox.SettleParams{KeepDelivered: true, DiscardDead: true}, two(outbox.SettleDone, 1, 1), nil, two(outbox.SettleDead, 1, 1))
+	settles := mysql.SettleSQL(tb, outboxdriver.SettleParams{}, two(outboxdriver.SettleDone, 1, 1), two(outboxdriver.SettleRetry, 1, 2), two(outboxdriver.SettleDead, 3, 3))
+	kept := mysql.SettleSQL(tb, outboxdriver.SettleParams{KeepDelivered: true, DiscardDead: true}, two(outboxdriver.SettleDone, 1, 1), nil, two(outboxdriver.SettleDead, 1, 1))
 	_, revive := mysql.RedriveSQL(tb, "t1")
 	purgeFind, remove := mysql.PurgeSQL(tb, []outbox.State{outbox.StateDead}, 55*time.Hour)
 	updates := mysql.ClaimUpdateSQL(tb, ids, ids, time.Minute)
@@ -332,7 +333,7 @@ func TestLockConflictsRetried(t *testing.T) {
 	ids := e.publish(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
 	ctx := context.Background()
 	db := sqltx.Pool(e.pool)
-	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5})
+	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5})
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("claim: %v %v", cs, err)
 	}
@@ -341,16 +342,16 @@ func TestLockConflictsRetried(t *testing.T) {
 	// other transaction holds; that one then asks for ids[0].
 	other := holdLocks(t, e, ids[1])
 	type result struct {
-		applied []outbox.Fence
+		applied []outboxdriver.Fence
 		err     error
 	}
 	done := make(chan result, 1)
 	go func() {
-		s := []outbox.Settlement{
-			{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone},
-			{Fence: outbox.Fence{ID: ids[1], Attempts: 1}, Kind: outbox.SettleDone},
+		s := []outboxdriver.Settlement{
+			{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone},
+			{Fence: outboxdriver.Fence{ID: ids[1], Attempts: 1}, Kind: outboxdriver.SettleDone},
 		}
-		applied, err := d.Settle(ctx, db, e.ob.Table(), outbox.SettleParams{}, s)
+		applied, err := d.Settle(ctx, db, e.ob.Table(), outboxdriver.SettleParams{}, s)
 		done <- result{applied, err}
 	}()
 	for i := 0; lockWaits(t, e.db) == 0; i++ {
@@ -385,7 +386,7 @@ func TestLockConflictsRetried(t *testing.T) {
 	other = holdLocks(t, e, ids[2])
 	release := time.AfterFunc(1500*time.Millisecond, func() { _ = other.Rollback() })
 	defer release.Stop()
-	kept, err := d.Renew(ctx, sqltx.Pool(short), e.ob.Table(), time.Minute, []outbox.Fence{{ID: ids[2], Attempts: 1}})
+	kept, err := d.Renew(ctx, sqltx.Pool(short), e.ob.Table(), time.Minute, []outboxdriver.Fence{{ID: ids[2], Attempts: 1}})
 	if err != nil || len(kept) != 1 {
 		t.Fatalf("renew after a lock wait timeout: %v %v", kept, err)
 	}
@@ -400,11 +401,11 @@ func TestLockConflictsRetried(t *testing.T) {
 func TestRetriesBounded(t *testing.T) {
 	t.Parallel()
 	var reruns atomic.Int32
-	d := mysql.New(mysql.Config{LockRetries: 1, OnLockRetry: func(string, int, error) { reruns.Add(1) }}).(outbox.RelayDialect)
+	d := mysql.New(mysql.Config{LockRetries: 1, OnLockRetry: func(string, int, error) { reruns.Add(1) }}).(outboxdriver.RelayDialect)
 	e := newEnv(t, d, outbox.Config{})
 	ids := e.publish(t, outbox.Message{Topic: "t"})
 	ctx := context.Background()
-	if _, _, err := d.Claim(ctx, sqltx.Pool(e.pool), e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5}); err != nil {
+	if _, _, err := d.Claim(ctx, sqltx.Pool(e.pool), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5}); err != nil {
 		t.Fatal(err)
 	}
 	short := mysqltest.Open(t, func(c *driver.Config) {
@@ -412,7 +413,7 @@ func TestRetriesBounded(t *testing.T) {
 	})
 	other := holdLocks(t, e, ids[0])
 	defer other.Rollback()
-	_, err := d.Settle(ctx, sqltx.Pool(short), e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone}})
+	_, err := d.Settle(ctx, sqltx.Pool(short), e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone}})
 	var me *driver.MySQLError
 	if !errors.As(err, &me) || me.Number != 1205 {
 		t.Errorf("settle against a held lock: %v, want error 1205", err)
@@ -450,26 +451,26 @@ func TestMixedFences(t *testing.T) {
 	t.Parallel()
 	for _, keep := range []bool{false, true} {
 		e := newEnv(t, nil, outbox.Config{})
-		d := mysql.Dialect().(outbox.RelayDialect)
+		d := mysql.Dialect().(outboxdriver.RelayDialect)
 		db := sqltx.Pool(e.pool)
 		ctx := context.Background()
 		ids := e.publish(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
-		p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5}
+		p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5}
 		if cs, _, err := d.Claim(ctx, db, e.ob.Table(), p); err != nil || len(cs) != 3 {
 			t.Fatalf("claim: %v %v", cs, err)
 		}
-		applied, err := d.Settle(ctx, db, e.ob.Table(), outbox.SettleParams{KeepDelivered: keep}, []outbox.Settlement{
-			{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone},
-			{Fence: outbox.Fence{ID: ids[1], Attempts: 7}, Kind: outbox.SettleDone},
-			{Fence: outbox.Fence{ID: ids[1], Attempts: 1}, Kind: outbox.SettleRetry, Delay: time.Hour, Error: "later"},
+		applied, err := d.Settle(ctx, db, e.ob.Table(), outboxdriver.SettleParams{KeepDelivered: keep}, []outboxdriver.Settlement{
+			{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone},
+			{Fence: outboxdriver.Fence{ID: ids[1], Attempts: 7}, Kind: outboxdriver.SettleDone},
+			{Fence: outboxdriver.Fence{ID: ids[1], Attempts: 1}, Kind: outboxdriver.SettleRetry, Delay: time.Hour, Error: "later"},
 		})
-		if err != nil || len(applied) != 2 || applied[0] != (outbox.Fence{ID: ids[0], Attempts: 1}) || applied[1] != (outbox.Fence{ID: ids[1], Attempts: 1}) {
+		if err != nil || len(applied) != 2 || applied[0] != (outboxdriver.Fence{ID: ids[0], Attempts: 1}) || applied[1] != (outboxdriver.Fence{ID: ids[1], Attempts: 1}) {
 			t.Errorf("keep %v: settle applied %v, %v; want the first success and the retry", keep, applied, err)
 		}
 		if n := count(t, e.table, `id = ? AND state = 'pending' AND last_error = 'later' AND available_at > UTC_TIMESTAMP(6) + INTERVAL 59 MINUTE`, ids[1].String()); n != 1 {
 			t.Error("retry not written")
 		}
-		p.Done = []outbox.Fence{{ID: ids[2], Attempts: 1}, {ID: ids[0], Attempts: 1}} // the second is settled already
+		p.Done = []outboxdriver.Fence{{ID: ids[2], Attempts: 1}, {ID: ids[0], Attempts: 1}} // the second is settled already
 		p.KeepDelivered = keep
 		cs, done, err := d.Claim(ctx, db, e.ob.Table(), p)
 		if err != nil || len(done) != 1 || done[0] != p.Done[0] {

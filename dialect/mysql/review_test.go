@@ -10,6 +10,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // TestTextComparedExactly: topics and dedup keys that differ only by
@@ -22,7 +23,7 @@ func TestTextComparedExactly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil, outbox.Config{})
 	ctx := context.Background()
-	d := mysql.Dialect().(outbox.RelayDialect)
+	d := mysql.Dialect().(outboxdriver.RelayDialect)
 	db := sqltx.Pool(e.pool)
 
 	tx := e.begin(t)
@@ -49,7 +50,7 @@ func TestTextComparedExactly(t *testing.T) {
 		t.Errorf("stats %+v, want one pending message for each of \"t\" and \"t \"", st)
 	}
 
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 1}
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 1}
 	cs, _, err := d.Claim(ctx, db, e.ob.Table(), p)
 	if err != nil {
 		t.Fatal(err)
@@ -146,10 +147,10 @@ func TestDuplicateLocksFirstCopy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil, outbox.Config{})
 	ctx := context.Background()
-	d := mysql.Dialect().(outbox.RelayDialect)
+	d := mysql.Dialect().(outboxdriver.RelayDialect)
 	db := sqltx.Pool(e.pool)
 	ids := e.publish(t, outbox.Message{Topic: "x", DedupKey: "k"})
-	p := outbox.ClaimParams{Topics: []string{"x"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
+	p := outboxdriver.ClaimParams{Topics: []string{"x"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
 
 	dup := e.begin(t)
 	if r, err := e.ob.Publish(ctx, sqltx.From(dup), outbox.Message{Topic: "x", DedupKey: "k"}); err != nil || !r.Duplicate {
@@ -169,16 +170,16 @@ func TestDuplicateLocksFirstCopy(t *testing.T) {
 	if r, err := e.ob.Publish(ctx, sqltx.From(dup), outbox.Message{Topic: "x", DedupKey: "k"}); err != nil || !r.Duplicate {
 		t.Fatalf("duplicate publish: %+v %v", r, err)
 	}
-	done := []outbox.Settlement{{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone}}
+	done := []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone}}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := d.Settle(short, db, e.ob.Table(), outbox.SettleParams{}, done); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := d.Settle(short, db, e.ob.Table(), outboxdriver.SettleParams{}, done); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("settle while the duplicate's transaction is open: %v, want it to wait", err)
 	}
 	if err := dup.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := d.Settle(ctx, db, e.ob.Table(), outbox.SettleParams{}, done); err != nil || len(applied) != 1 {
+	if applied, err := d.Settle(ctx, db, e.ob.Table(), outboxdriver.SettleParams{}, done); err != nil || len(applied) != 1 {
 		t.Errorf("settle after: %v %v", applied, err)
 	}
 }

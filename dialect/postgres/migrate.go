@@ -7,11 +7,11 @@ import (
 
 	"github.com/oncommit/oncommit/internal/migrate"
 	"github.com/oncommit/oncommit/migrations"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // Migrate creates or upgrades the outbox table named table ("" means
-// outbox.DefaultTable; "schema.name" creates the schema too) by applying the
+// outboxdriver.DefaultTable; "schema.name" creates the schema too) by applying the
 // embedded migrations that have not run yet.
 //
 // Everything happens in one transaction that first takes an advisory lock
@@ -82,12 +82,12 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 // and DROP INDEX CONCURRENTLY it before running the statement again.
 //
 // A bad or too long table name (the index's name must fit PostgreSQL's 63
-// bytes) is a *outbox.ConfigError.
+// bytes) is a *outboxdriver.ConfigError.
 func TopicIndexSQL(table string) (string, error) {
 	if table == "" {
-		table = outbox.DefaultTable
+		table = outboxdriver.DefaultTable
 	}
-	t, err := outbox.ParseTable(table)
+	t, err := outboxdriver.ParseTable(table)
 	if err != nil {
 		return "", err
 	}
@@ -95,7 +95,7 @@ func TopicIndexSQL(table string) (string, error) {
 	if len(t.Name)+len(suffix) > 63 {
 		// PostgreSQL would cut the index's name to 63 bytes, and at 63 the
 		// cut name is the table's own: IF NOT EXISTS would create nothing.
-		return "", &outbox.ConfigError{Field: "Table", Reason: fmt.Sprintf("%q: the index name %q would pass PostgreSQL's 63 bytes", table, t.Name+suffix)}
+		return "", &outboxdriver.ConfigError{Field: "Table", Reason: fmt.Sprintf("%q: the index name %q would pass PostgreSQL's 63 bytes", table, t.Name+suffix)}
 	}
 	// An index is created in its table's schema: its name is not qualified.
 	return `CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + t.Name + suffix + `" ON ` + QuoteTable(t) +

@@ -17,7 +17,7 @@ import (
 	"strings"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // MaxParams is PostgreSQL's limit of bind parameters in one statement.
@@ -28,7 +28,7 @@ const MaxParams = 65535
 const paramsPerRow = 7
 
 // Dialect returns the PostgreSQL dialect.
-func Dialect() outbox.Dialect { return &dialect{insert: newInsert(), texts: newTexts()} }
+func Dialect() outboxdriver.Dialect { return &dialect{insert: newInsert(), texts: newTexts()} }
 
 type dialect struct {
 	insert *sqlbuild.Insert
@@ -37,12 +37,12 @@ type dialect struct {
 
 func (*dialect) Name() string { return "postgres" }
 
-func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
+func (*dialect) Capabilities() outboxdriver.Capabilities {
+	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
 }
 
 // QuoteTable returns t as a quoted, possibly schema-qualified, identifier.
-func QuoteTable(t outbox.Table) string {
+func QuoteTable(t outboxdriver.Table) string {
 	if t.Schema == "" {
 		return `"` + t.Name + `"`
 	}
@@ -50,9 +50,9 @@ func QuoteTable(t outbox.Table) string {
 }
 
 // Channel returns the notification channel of table t: its name as written
-// in outbox.Config.Table. One fixed channel per table keeps NOTIFY payloads
+// in outboxdriver.Config.Table. One fixed channel per table keeps NOTIFY payloads
 // constant and avoids channel-name collisions between topics.
-func Channel(t outbox.Table) string { return t.String() }
+func Channel(t outboxdriver.Table) string { return t.String() }
 
 // Insert builds the publish statement. Without notify, for one message
 // with a key, a payload and a DedupKey:
@@ -76,7 +76,7 @@ func Channel(t outbox.Table) string { return t.String() }
 //
 //	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
 //	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
-func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, wake outbox.Wake) (string, []any) {
+func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
 	return d.insert.Build(QuoteTable(t), t, rows, wake, jsonText)
 }
 
@@ -101,11 +101,11 @@ func newInsert() *sqlbuild.Insert {
 			p()
 			b.WriteString("::timestamptz)")
 		},
-		DelayArg:     func(r *outbox.Row) any { return r.Delay.Seconds() },
-		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore },
+		DelayArg:     func(r *outboxdriver.Row) any { return r.Delay.Seconds() },
+		NotBeforeArg: func(r *outboxdriver.Row) any { return r.NotBefore },
 		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
 		Returning:    ` RETURNING id::text`,
-		Notify: func(b *strings.Builder, insert string, t outbox.Table, returning bool, payload string) {
+		Notify: func(b *strings.Builder, insert string, t outboxdriver.Table, returning bool, payload string) {
 			b.WriteString("WITH ins AS (")
 			b.WriteString(insert)
 			if returning {
@@ -143,15 +143,15 @@ func (*dialect) Classify(err error) error {
 	var sentinel error
 	switch se.SQLState() {
 	case "25P02": // in_failed_sql_transaction
-		sentinel = outbox.ErrTxAborted
+		sentinel = outboxdriver.ErrTxAborted
 	case "25006": // read_only_sql_transaction
-		sentinel = outbox.ErrReadOnlyTx
+		sentinel = outboxdriver.ErrReadOnlyTx
 	case "42P01": // undefined_table
-		sentinel = outbox.ErrTableMissing
+		sentinel = outboxdriver.ErrTableMissing
 	case "42703": // undefined_column
-		sentinel = outbox.ErrSchemaMismatch
+		sentinel = outboxdriver.ErrSchemaMismatch
 	case "40001", "40P01", "55P03": // serialization_failure, deadlock_detected, lock_not_available
-		sentinel = outbox.ErrRetryTx
+		sentinel = outboxdriver.ErrRetryTx
 	default:
 		return err
 	}

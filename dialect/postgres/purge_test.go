@@ -9,6 +9,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // TestPurgeOneAtATime: a purge batch that finds another session's purge of
@@ -45,7 +46,7 @@ func TestPurgeOneAtATime(t *testing.T) {
 	}
 	fill("delivered", 2500)
 	fill("dead", 3)
-	d := Dialect().(outbox.RelayDialect)
+	d := Dialect().(outboxdriver.RelayDialect)
 	db := sqltx.Pool(pgtest.Open(t, "pgx"))
 	delivered := []outbox.State{outbox.StateDelivered}
 	purge := func(states []outbox.State) (int64, time.Duration) {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // textArray writes ss as a PostgreSQL text[] literal (see arrayLiteral).
@@ -40,7 +40,7 @@ func textArray(ss []string) string {
 // the claim's order across the topics (the topic is compared after a
 // concatenation with the empty string, which no index on topic serves,
 // whatever the statistics).
-func ClaimSQL(t outbox.Table, topics int) string {
+func ClaimSQL(t outboxdriver.Table, topics int) string {
 	return claimCTE(t, "", topics) + `
 SELECT ` + claimedColumns + ` FROM claimed`
 }
@@ -65,7 +65,7 @@ const (
 // SettleSQL, and returned as rows of kind rowSettled. The claim's UPDATE
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
-func ClaimSettleSQL(t outbox.Table, topics int, keep bool) string {
+func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
 	tbl := QuoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	if keep {
@@ -92,7 +92,7 @@ SELECT id::text, '', '', NULL, NULL, attempts, 0, ` + strconv.Itoa(rowSettled) +
 // drains: PostgreSQL broke the cycle after deadlock_timeout); with every
 // settle ahead of every lock, a statement that waits holds no lock another
 // settle needs.
-func claimCTE(t outbox.Table, done string, topics int) string {
+func claimCTE(t outboxdriver.Table, done string, topics int) string {
 	tbl := QuoteTable(t)
 	// spent: the row had its $4 attempts since its last redrive.
 	const spent = `o.attempts - o.attempts_base >= $4`
@@ -160,7 +160,7 @@ type settleTexts struct {
 
 func newTexts() relayTexts {
 	return relayTexts{
-		claim: sqlbuild.NewTexts(func(t outbox.Table) claimTexts {
+		claim: sqlbuild.NewTexts(func(t outboxdriver.Table) claimTexts {
 			var c claimTexts
 			for form, topics := range []int{1, 2} {
 				c.claim[form] = ClaimSQL(t, topics)
@@ -169,7 +169,7 @@ func newTexts() relayTexts {
 			}
 			return c
 		}),
-		settle: sqlbuild.NewTexts(func(t outbox.Table) settleTexts {
+		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) settleTexts {
 			var st settleTexts
 			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
 			return st
@@ -179,7 +179,7 @@ func newTexts() relayTexts {
 	}
 }
 
-func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	ct, form := d.texts.claim.Get(t), topicForm(p.Topics)
 	q := ct.claim[form]
 	var topics any = textArray(p.Topics)
@@ -202,22 +202,22 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 	defer rows.Close()
 	// Scanned in place, through variables declared once: per row, only
 	// the values themselves are allocated.
-	claimed := make([]outbox.Claimed, 0, p.Limit)
-	var done []outbox.Fence
-	var c outbox.Claimed
+	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
+	var done []outboxdriver.Fence
+	var c outboxdriver.Claimed
 	var id string
 	var kind int
 	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
 	for rows.Next() {
-		c = outbox.Claimed{}
+		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, err
 		}
-		if c.ID, err = outbox.ParseID(id); err != nil {
+		if c.ID, err = outboxdriver.ParseID(id); err != nil {
 			return nil, nil, err
 		}
 		if kind == rowSettled {
-			done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+			done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 			continue
 		}
 		c.Dead = kind == rowDead
@@ -256,7 +256,7 @@ func arrayLiteral(n int, elem func(i int) (string, bool)) string {
 }
 
 // fenceArrays returns the ids and attempts of fences as array literals.
-func fenceArrays(fences []outbox.Fence) (ids, attempts string) {
+func fenceArrays(fences []outboxdriver.Fence) (ids, attempts string) {
 	// Written directly: ids and integers need no quoting in an array literal.
 	bi := make([]byte, 0, 2+37*len(fences))
 	ba := make([]byte, 0, 2+3*len(fences))
@@ -284,7 +284,7 @@ const fenceReturning = ` RETURNING o.id::text, o.attempts`
 // or mark delivered), retry, dead (mark or delete). Each takes $1 ids
 // (uuid[] literal) and $2 attempts (integer[] literal); retry also takes
 // $3 delays in seconds, $4 absolute times and $5 errors; dead takes $3 errors.
-func SettleSQL(t outbox.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
+func SettleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
 	tbl := QuoteTable(t)
 	const pairs = ` unnest($1::uuid[], $2::integer[]) AS v(id, attempts)`
 	deleteDone = `DELETE FROM ` + tbl + ` AS o USING` + pairs + fenceJoin + fenceReturning
@@ -298,12 +298,12 @@ FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fe
 	return
 }
 
-func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
 	done, retry, dead := sqlbuild.ByKind(s)
 	st := d.texts.settle.Get(t)
 	deleteDone, markDelivered, retrySQL, markDead, deleteDead := st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead
-	var applied []outbox.Fence
-	run := func(xs []outbox.Settlement, q string, extra ...func(x *outbox.Settlement) (string, bool)) error {
+	var applied []outboxdriver.Fence
+	run := func(xs []outboxdriver.Settlement, q string, extra ...func(x *outboxdriver.Settlement) (string, bool)) error {
 		if len(xs) == 0 {
 			return nil
 		}
@@ -316,7 +316,7 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 		applied = append(applied, got...)
 		return err
 	}
-	errText := func(x *outbox.Settlement) (string, bool) { return x.Error, true }
+	errText := func(x *outboxdriver.Settlement) (string, bool) { return x.Error, true }
 	q := deleteDone
 	if p.KeepDelivered {
 		q = markDelivered
@@ -325,10 +325,10 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 		return applied, fmt.Errorf("settle done: %w", err)
 	}
 	err := run(retry, retrySQL,
-		func(x *outbox.Settlement) (string, bool) {
+		func(x *outboxdriver.Settlement) (string, bool) {
 			return strconv.FormatFloat(x.Delay.Seconds(), 'f', -1, 64), true
 		},
-		func(x *outbox.Settlement) (string, bool) {
+		func(x *outboxdriver.Settlement) (string, bool) {
 			return x.At.UTC().Format(time.RFC3339Nano), !x.At.IsZero()
 		},
 		errText)
@@ -348,18 +348,18 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 
 // RenewSQL returns the lease renewal statement: $1 ids and $2 attempts as
 // in SettleSQL, $3 the lease in seconds.
-func RenewSQL(t outbox.Table) string {
+func RenewSQL(t outboxdriver.Table) string {
 	return `UPDATE ` + QuoteTable(t) + ` AS o SET available_at = now() + make_interval(secs => $3::float8)
 FROM unnest($1::uuid[], $2::integer[]) AS v(id, attempts)` + fenceJoin + fenceReturning
 }
 
-func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
+func (d *dialect) Renew(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, lease time.Duration, held []outboxdriver.Fence) ([]outboxdriver.Fence, error) {
 	ids, attempts := fenceArrays(held)
 	return sqlbuild.Fences(ctx, db, d.texts.renew.Get(t), ids, attempts, lease.Seconds())
 }
 
 // count runs a statement returning one integer.
-func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, error) {
+func count(ctx context.Context, db outboxdriver.DB, q string, args ...any) (int64, error) {
 	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return 0, err
@@ -374,7 +374,7 @@ func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, err
 	return n, rows.Err()
 }
 
-func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
+func (*dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	// attempts stays: (id, attempts) fences one claim and must never repeat.
 	return count(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
     WHERE state = 'dead' AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`, topic)
@@ -403,7 +403,7 @@ func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic
 // FOR UPDATE SKIP LOCKED then keeps purges of different states, and a
 // redrive or a relay's settle of a dead row, from waiting on each other's
 // row locks: a batch never waits, its length is only its own work.
-func PurgeSQL(t outbox.Table) string {
+func PurgeSQL(t outboxdriver.Table) string {
 	tbl := QuoteTable(t)
 	return `WITH d AS (DELETE FROM ` + tbl + ` WHERE id = ANY (ARRAY(
     SELECT id FROM ` + tbl + `
@@ -416,7 +416,7 @@ SELECT count(*) FROM d`
 }
 
 // purgeKey names a purge of states of table t for PurgeSQL's lock.
-func purgeKey(t outbox.Table, states []string) string {
+func purgeKey(t outboxdriver.Table, states []string) string {
 	return t.String() + " " + strings.Join(states, ",")
 }
 
@@ -424,7 +424,7 @@ func purgeKey(t outbox.Table, states []string) string {
 // statement and commit (see PurgeSQL), until a batch deletes fewer or ctx
 // ends: a backlog too large to delete within one command timeout is
 // deleted over several purges instead of never.
-func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (int64, error) {
 	ss := sqlbuild.TerminalStates(states)
 	q, key, list := d.texts.purge.Get(t), purgeKey(t, ss), textArray(ss)
 	return sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
@@ -432,7 +432,7 @@ func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, state
 	})
 }
 
-func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
+func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
 	return sqlbuild.Stats(ctx, db, `SELECT topic,
     count(*) FILTER (WHERE state = 'pending'),
     count(*) FILTER (WHERE state = 'processing'),
@@ -443,6 +443,6 @@ FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Microsecond)
 }
 
 // ListenSQL returns the LISTEN statement for table t's channel.
-func (*dialect) ListenSQL(t outbox.Table) string {
+func (*dialect) ListenSQL(t outboxdriver.Table) string {
 	return `LISTEN "` + Channel(t) + `"`
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // recommendedDSN is the options the package documentation recommends.
@@ -121,9 +122,9 @@ func TestRelayStatementsWaitOutBusy(t *testing.T) {
 	db := openFile(t, filepath.Join(t.TempDir(), "w.db"), "?_txlock=immediate&_pragma=busy_timeout(50)&_pragma=journal_mode(WAL)")
 	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
 	publish(t, db, ob, outbox.Message{Topic: "t", Payload: []byte(`{}`)})
-	d := sqlite.Dialect().(outbox.RelayDialect)
+	d := sqlite.Dialect().(outboxdriver.RelayDialect)
 	pool := sqltx.Pool(db)
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
 
 	// hold takes the write lock on a connection of its own and gives it up
 	// after d.
@@ -156,16 +157,16 @@ func TestRelayStatementsWaitOutBusy(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %d claimed, %v", len(claimed), err)
 	}
-	f := outbox.Fence{ID: claimed[0].ID, Attempts: claimed[0].Attempts}
+	f := outboxdriver.Fence{ID: claimed[0].ID, Attempts: claimed[0].Attempts}
 
 	hold(400 * time.Millisecond)
-	kept, err := d.Renew(ctx, pool, outbox.Table{Name: "outbox"}, time.Minute, []outbox.Fence{f})
+	kept, err := d.Renew(ctx, pool, outbox.Table{Name: "outbox"}, time.Minute, []outboxdriver.Fence{f})
 	if err != nil || len(kept) != 1 {
 		t.Fatalf("renew: %d kept, %v", len(kept), err)
 	}
 
 	hold(400 * time.Millisecond)
-	applied, err := d.Settle(ctx, pool, outbox.Table{Name: "outbox"}, outbox.SettleParams{}, []outbox.Settlement{{Fence: f, Kind: outbox.SettleDone}})
+	applied, err := d.Settle(ctx, pool, outbox.Table{Name: "outbox"}, outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: f, Kind: outboxdriver.SettleDone}})
 	if err != nil || len(applied) != 1 {
 		t.Fatalf("settle: %d applied, %v", len(applied), err)
 	}

@@ -5,17 +5,17 @@ import (
 	"fmt"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-var _ outbox.RelayDialect = (*dialect)(nil)
+var _ outboxdriver.RelayDialect = (*dialect)(nil)
 
-// Check looks t up in the schema's sqlite_master ([outbox.ErrTableMissing]
+// Check looks t up in the schema's sqlite_master ([outboxdriver.ErrTableMissing]
 // when it is not there), then reads no row of every column of it
-// ([outbox.ErrSchemaMismatch] when that fails). SQLite reports both
+// ([outboxdriver.ErrSchemaMismatch] when that fails). SQLite reports both
 // conditions with the same generic error code, so the lookup, not the
 // error, tells them apart.
-func (d *dialect) Check(ctx context.Context, db outbox.DB, t outbox.Table) error {
+func (d *dialect) Check(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) error {
 	master := "sqlite_master"
 	if t.Schema != "" {
 		master = `"` + t.Schema + `".sqlite_master`
@@ -25,14 +25,14 @@ func (d *dialect) Check(ctx context.Context, db outbox.DB, t outbox.Table) error
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: no table %s", outbox.ErrTableMissing, t)
+		return fmt.Errorf("%w: no table %s", outboxdriver.ErrTableMissing, t)
 	}
 	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(QuoteTable(t)))
 	if err == nil {
 		err = sqlbuild.Drain(rows)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %w", outbox.ErrSchemaMismatch, err)
+		return fmt.Errorf("%w: %w", outboxdriver.ErrSchemaMismatch, err)
 	}
 	return nil
 }

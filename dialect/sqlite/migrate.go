@@ -9,11 +9,11 @@ import (
 	"github.com/oncommit/oncommit/internal/backoff"
 	"github.com/oncommit/oncommit/internal/migrate"
 	"github.com/oncommit/oncommit/migrations"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // Migrate creates or upgrades the outbox table named table ("" means
-// outbox.DefaultTable) by applying the embedded migrations that have not
+// outboxdriver.DefaultTable) by applying the embedded migrations that have not
 // run yet, inside one BEGIN IMMEDIATE transaction: the write lock makes
 // processes that start together apply each migration once. Applied versions
 // are recorded in the table oncommit_migrations.
@@ -28,7 +28,7 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 		return err
 	}
 	if t.Schema != "" {
-		return &outbox.ConfigError{Field: "Table", Reason: "SQLite tables cannot be schema-qualified"}
+		return &outboxdriver.ConfigError{Field: "Table", Reason: "SQLite tables cannot be schema-qualified"}
 	}
 	deadline := time.Now().Add(time.Minute)
 	for attempt := 1; ; attempt++ {
@@ -44,7 +44,7 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	}
 }
 
-func migrateOnce(ctx context.Context, db *sql.DB, t outbox.Table, migs []migrations.Migration) (err error) {
+func migrateOnce(ctx context.Context, db *sql.DB, t outboxdriver.Table, migs []migrations.Migration) (err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/oncommit/oncommit/internal/backoff"
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // SQLite has one writer at a time and no SKIP LOCKED: each claim is one
@@ -23,7 +23,7 @@ import (
 
 // ClaimSQL returns the claim statement for table t: ?1 topics (JSON array),
 // ?2 limit, ?3 lease in milliseconds, ?4 max attempts.
-func ClaimSQL(t outbox.Table) string {
+func ClaimSQL(t outboxdriver.Table) string {
 	tbl := QuoteTable(t)
 	// spent: the row had its ?4 attempts since its last redrive.
 	const spent = `attempts - attempts_base >= ?4`
@@ -46,9 +46,9 @@ RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, atte
 // can (SQLite parses a statement in the caller's process, and the claim and
 // settle statements are long, so parsing each of them once saves a fifth
 // of the claim's cost), and started over when SQLite answers SQLITE_BUSY.
-func relayDB(db outbox.DB) outbox.DB {
+func relayDB(db outboxdriver.DB) outboxdriver.DB {
 	run := db.QueryDB
-	if p, ok := db.(outbox.PreparedDB); ok {
+	if p, ok := db.(outboxdriver.PreparedDB); ok {
 		run = p.QueryPrepared
 	}
 	return retryDB(run)
@@ -66,9 +66,9 @@ func relayDB(db outbox.DB) outbox.DB {
 // timeout while others take the lock. Starting over restarts the polls at
 // 1 ms, and the relay keeps its claims, outcomes and renewals coming for
 // as long as its command timeout allows, rather than failing them.
-type retryDB func(ctx context.Context, query string, args ...any) (outbox.Rows, error)
+type retryDB func(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error)
 
-func (run retryDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (run retryDB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	for attempt := 1; ; attempt++ {
 		rows, err := run(ctx, query, args...)
 		if err == nil || !busy(err) {
@@ -112,7 +112,7 @@ type settleTexts struct {
 func newTexts() relayTexts {
 	return relayTexts{
 		claim: sqlbuild.NewTexts(ClaimSQL),
-		settle: sqlbuild.NewTexts(func(t outbox.Table) (st settleTexts) {
+		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) (st settleTexts) {
 			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
 			return st
 		}),
@@ -124,12 +124,12 @@ func newTexts() relayTexts {
 // Claim settles p.Done, then claims, as two statements: on SQLite a commit
 // is cheap (WAL), and each statement takes the write lock on its own, so
 // there is nothing to gain from one transaction for both.
-func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, []outbox.Fence, error) {
+func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	db = relayDB(db)
-	var done []outbox.Fence
+	var done []outboxdriver.Fence
 	if len(p.Done) > 0 {
 		var err error
-		done, err = d.settleKind(ctx, db, t, outbox.SettleParams{KeepDelivered: p.KeepDelivered}, outbox.SettleDone, sqlbuild.Successes(p.Done))
+		done, err = d.settleKind(ctx, db, t, outboxdriver.SettleParams{KeepDelivered: p.KeepDelivered}, outboxdriver.SettleDone, sqlbuild.Successes(p.Done))
 		if err != nil {
 			return nil, nil, d.Classify(err)
 		}
@@ -138,28 +138,28 @@ func (d *dialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 	return claimed, done, d.Classify(err)
 }
 
-func (d *dialect) claim(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (d *dialect) claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	rows, err := db.QueryDB(ctx, d.texts.claim.Get(t), jsonText(p.Topics), p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	// Scanned in place, through variables declared once.
-	out := make([]outbox.Claimed, 0, p.Limit)
-	var c outbox.Claimed
+	out := make([]outboxdriver.Claimed, 0, p.Limit)
+	var c outboxdriver.Claimed
 	var id, state string
 	var created int64
 	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &state, &created}
 	for rows.Next() {
-		c = outbox.Claimed{}
+		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		if c.ID, err = outbox.ParseID(id); err != nil {
+		if c.ID, err = outboxdriver.ParseID(id); err != nil {
 			return nil, err
 		}
 		c.CreatedAt = time.UnixMilli(created).UTC()
-		c.Dead = state == string(outbox.StateDead)
+		c.Dead = state == string(outboxdriver.StateDead)
 		out = append(out, c)
 	}
 	return out, rows.Err()
@@ -167,7 +167,7 @@ func (d *dialect) claim(ctx context.Context, db outbox.DB, t outbox.Table, p out
 
 // settleRows is the JSON form of settlements: [id, attempts, delay ms,
 // at ms or null, error] per row.
-func settleRows(s []outbox.Settlement) string {
+func settleRows(s []outboxdriver.Settlement) string {
 	rows := make([][]any, len(s))
 	for i, x := range s {
 		var at any
@@ -189,7 +189,7 @@ const values = `(SELECT value->>0 AS id, value->>1 AS attempts, value->>2 AS del
 // attempts all of them were claimed with: one statement per attempts value
 // compares an integer per row, which costs a fifth of the delete less than
 // matching "id:attempts" keys (and settlements mostly share their attempts).
-func SettleSQL(t outbox.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
+func SettleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
 	tbl := QuoteTable(t)
 	const fence = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
 	const byAttempts = ` AND id IN (SELECT value FROM json_each(?1)) AND attempts = ?2 RETURNING id, attempts`
@@ -203,18 +203,18 @@ FROM ` + values + fence
 	return
 }
 
-func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, kind outbox.SettleKind, s []outbox.Settlement) ([]outbox.Fence, error) {
+func (d *dialect) settleKind(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, kind outboxdriver.SettleKind, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
 	st := d.texts.settle.Get(t)
 	// The deletes take ids and one attempts value; the updates take a row
 	// of values per settlement.
 	var q string
 	deletes := false
 	switch {
-	case kind == outbox.SettleDone && p.KeepDelivered:
+	case kind == outboxdriver.SettleDone && p.KeepDelivered:
 		q = st.markDelivered
-	case kind == outbox.SettleDone:
+	case kind == outboxdriver.SettleDone:
 		q, deletes = st.deleteDone, true
-	case kind == outbox.SettleRetry:
+	case kind == outboxdriver.SettleRetry:
 		q = st.retry
 	case p.DiscardDead:
 		q, deletes = st.deleteDead, true
@@ -224,7 +224,7 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 	if !deletes {
 		return sqlbuild.Fences(ctx, db, q, settleRows(s))
 	}
-	var applied []outbox.Fence
+	var applied []outboxdriver.Fence
 	for _, group := range sqlbuild.ByAttempts(s) {
 		got, err := sqlbuild.Fences(ctx, db, q, idList(group), group[0].Attempts)
 		applied = append(applied, got...)
@@ -237,7 +237,7 @@ func (d *dialect) settleKind(ctx context.Context, db outbox.DB, t outbox.Table, 
 
 // idList is the JSON array of the ids of s, written directly: ids print as
 // UUID text, which JSON strings hold as is.
-func idList(s []outbox.Settlement) string {
+func idList(s []outboxdriver.Settlement) string {
 	var buf [36]byte
 	var b strings.Builder
 	b.Grow(2 + 39*len(s))
@@ -254,11 +254,11 @@ func idList(s []outbox.Settlement) string {
 	return b.String()
 }
 
-func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p outbox.SettleParams, s []outbox.Settlement) ([]outbox.Fence, error) {
+func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
 	db = relayDB(db)
 	done, retry, dead := sqlbuild.ByKind(s)
-	var applied []outbox.Fence
-	for _, group := range [][]outbox.Settlement{done, retry, dead} {
+	var applied []outboxdriver.Fence
+	for _, group := range [][]outboxdriver.Settlement{done, retry, dead} {
 		if len(group) == 0 {
 			continue
 		}
@@ -273,18 +273,18 @@ func (d *dialect) Settle(ctx context.Context, db outbox.DB, t outbox.Table, p ou
 
 // RenewSQL returns the lease renewal: ?1 settlements as in SettleSQL (only
 // id and attempts are read), ?2 the lease in milliseconds.
-func RenewSQL(t outbox.Table) string {
+func RenewSQL(t outboxdriver.Table) string {
 	return `UPDATE ` + QuoteTable(t) + ` AS o SET available_at = ` + now + ` + ?2 FROM ` + values +
 		` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
 }
 
-func (d *dialect) Renew(ctx context.Context, db outbox.DB, t outbox.Table, lease time.Duration, held []outbox.Fence) ([]outbox.Fence, error) {
+func (d *dialect) Renew(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, lease time.Duration, held []outboxdriver.Fence) ([]outboxdriver.Fence, error) {
 	kept, err := sqlbuild.Fences(ctx, relayDB(db), d.texts.renew.Get(t), settleRows(sqlbuild.Successes(held)), lease.Milliseconds())
 	return kept, d.Classify(err)
 }
 
 // count runs a statement and counts the rows it returns.
-func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, error) {
+func count(ctx context.Context, db outboxdriver.DB, q string, args ...any) (int64, error) {
 	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return 0, err
@@ -297,7 +297,7 @@ func count(ctx context.Context, db outbox.DB, q string, args ...any) (int64, err
 	return n, rows.Err()
 }
 
-func (*dialect) Redrive(ctx context.Context, db outbox.DB, t outbox.Table, topic string) (int64, error) {
+func (*dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	// attempts stays: (id, attempts) fences one claim and must never repeat.
 	return count(ctx, db, `UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = `+now+`, settled_at = NULL, last_error = NULL
 WHERE state = 'dead' AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
@@ -308,7 +308,7 @@ WHERE state = 'dead' AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
 // deleted) settled more than ?2 milliseconds ago, found through the
 // settled index, and returns a row for each. The LIMIT subquery is
 // evaluated once, so the batch never exceeds it.
-func PurgeSQL(t outbox.Table) string {
+func PurgeSQL(t outboxdriver.Table) string {
 	tbl := QuoteTable(t)
 	return `DELETE FROM ` + tbl + ` WHERE rowid IN (
     SELECT rowid FROM ` + tbl + `
@@ -324,7 +324,7 @@ RETURNING 1`
 // for as long as it runs; between batches publishers and claims take their
 // turn. A batch that meets SQLITE_BUSY starts over, as the relay's
 // statements do.
-func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, states []outbox.State, olderThan time.Duration) (int64, error) {
+func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (int64, error) {
 	db = relayDB(db)
 	q, list := d.texts.purge.Get(t), jsonText(sqlbuild.TerminalStates(states))
 	n, err := sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
@@ -333,7 +333,7 @@ func (d *dialect) Purge(ctx context.Context, db outbox.DB, t outbox.Table, state
 	return n, d.Classify(err)
 }
 
-func (*dialect) Stats(ctx context.Context, db outbox.DB, t outbox.Table) ([]outbox.TopicStats, error) {
+func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
 	return sqlbuild.Stats(ctx, db, `SELECT topic,
     sum(state = 'pending'), sum(state = 'processing'), sum(state = 'delivered'), sum(state = 'dead'),
     coalesce(`+now+` - min(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), 0)
@@ -341,4 +341,4 @@ FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Millisecond)
 }
 
 // ListenSQL returns "": SQLite has no notifications; relays poll.
-func (*dialect) ListenSQL(outbox.Table) string { return "" }
+func (*dialect) ListenSQL(outboxdriver.Table) string { return "" }

@@ -15,6 +15,7 @@ import (
 	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 func publish(t *testing.T, db *sql.DB, ob *outbox.Outbox, msgs ...outbox.Message) []outbox.ID {
@@ -198,9 +199,9 @@ func TestRelaysShareOneFile(t *testing.T) {
 func TestStaleSettleFenced(t *testing.T) {
 	db, ob := open(t)
 	ids := publish(t, db, ob, outbox.Message{Topic: "t"})
-	d := sqlite.Dialect().(outbox.RelayDialect)
+	d := sqlite.Dialect().(outboxdriver.RelayDialect)
 	pdb := sqltx.Pool(db)
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 5, Lease: time.Millisecond, MaxAttempts: 5}
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 5, Lease: time.Millisecond, MaxAttempts: 5}
 	if cs, _, err := d.Claim(context.Background(), pdb, ob.Table(), p); err != nil || len(cs) != 1 {
 		t.Fatalf("claim: %v %v", cs, err)
 	}
@@ -210,8 +211,8 @@ func TestStaleSettleFenced(t *testing.T) {
 	if err != nil || len(cs) != 1 || cs[0].Attempts != 2 {
 		t.Fatalf("reclaim: %v %v", cs, err)
 	}
-	applied, err := d.Settle(context.Background(), pdb, ob.Table(), outbox.SettleParams{},
-		[]outbox.Settlement{{Fence: outbox.Fence{ID: ids[0], Attempts: 1}, Kind: outbox.SettleDone}})
+	applied, err := d.Settle(context.Background(), pdb, ob.Table(), outboxdriver.SettleParams{},
+		[]outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone}})
 	if err != nil || len(applied) != 0 {
 		t.Errorf("stale settle applied %v, %v", applied, err)
 	}
@@ -219,7 +220,7 @@ func TestStaleSettleFenced(t *testing.T) {
 		t.Errorf("row %s attempts %d after a stale settle", s, a)
 	}
 	// The current claim's success is carried by the next claim.
-	p.Done = []outbox.Fence{{ID: ids[0], Attempts: 2}}
+	p.Done = []outboxdriver.Fence{{ID: ids[0], Attempts: 2}}
 	_, done, err := d.Claim(context.Background(), pdb, ob.Table(), p)
 	if err != nil || len(done) != 1 {
 		t.Fatalf("claim carrying a success: %v %v", done, err)

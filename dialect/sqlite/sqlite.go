@@ -30,7 +30,7 @@
 // keep RelayConfig.Lease at least three times the busy timeout (the
 // default, 30s, is six times 5s). Ids are stored as the canonical UUID
 // text of the message id, which sorts by time and reads back as
-// [outbox.ID.String] prints it. Qualified table names ("schema.name") are
+// [outboxdriver.ID.String] prints it. Qualified table names ("schema.name") are
 // not supported: use an unqualified name.
 package sqlite
 
@@ -41,7 +41,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // MaxParams is SQLite's default limit of bind parameters in one statement
@@ -56,7 +56,7 @@ const DefaultPollInterval = 100 * time.Millisecond
 const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
 // Dialect returns the SQLite dialect.
-func Dialect() outbox.Dialect {
+func Dialect() outboxdriver.Dialect {
 	return &dialect{insert: &sqlbuild.Insert{
 		// Anonymous "?" placeholders (the builder lists arguments in text
 		// order): the driver looks up each numbered or named parameter's
@@ -73,8 +73,8 @@ func Dialect() outbox.Dialect {
 			p()
 			b.WriteByte(')')
 		},
-		DelayArg:     func(r *outbox.Row) any { return r.Delay.Milliseconds() },
-		NotBeforeArg: func(r *outbox.Row) any { return r.NotBefore.UnixMilli() },
+		DelayArg:     func(r *outboxdriver.Row) any { return r.Delay.Milliseconds() },
+		NotBeforeArg: func(r *outboxdriver.Row) any { return r.NotBefore.UnixMilli() },
 		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
 		Returning:    ` RETURNING id`,
 	}, texts: newTexts()}
@@ -87,12 +87,12 @@ type dialect struct {
 
 func (*dialect) Name() string { return "sqlite" }
 
-func (*dialect) Capabilities() outbox.Capabilities {
-	return outbox.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval}
+func (*dialect) Capabilities() outboxdriver.Capabilities {
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval}
 }
 
 // QuoteTable returns t as a quoted identifier.
-func QuoteTable(t outbox.Table) string {
+func QuoteTable(t outboxdriver.Table) string {
 	if t.Schema == "" {
 		return `"` + t.Name + `"`
 	}
@@ -108,8 +108,8 @@ func QuoteTable(t outbox.Table) string {
 // RETURNING clauses only when some message has a DedupKey (without one,
 // every row is stored or the statement fails), and available_at only when
 // some message is scheduled (its default is the database clock).
-func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, outbox.Wake{}, func(b []byte) any { return string(b) })
+func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, _ outboxdriver.Wake) (string, []any) {
+	return d.insert.Build(QuoteTable(t), t, rows, outboxdriver.Wake{}, func(b []byte) any { return string(b) })
 }
 
 // ErrBusy is wrapped, with the driver's error, by the errors Publish and
@@ -125,7 +125,7 @@ func (d *dialect) Insert(t outbox.Table, rows []outbox.Row, _ outbox.Wake) (stri
 // when it begins, waiting up to the busy timeout. With it, ErrBusy means the
 // lock stayed taken for longer than the busy timeout.
 //
-// It also wraps [outbox.ErrRetryTx], the sentinel every dialect uses for
+// It also wraps [outboxdriver.ErrRetryTx], the sentinel every dialect uses for
 // "run the whole transaction again".
 var ErrBusy error = busyError{}
 
@@ -135,7 +135,7 @@ func (busyError) Error() string {
 	return "outbox: SQLite database is busy (SQLITE_BUSY): roll back and retry the transaction; open the database with _txlock=immediate so that transactions wait for the write lock"
 }
 
-func (busyError) Is(target error) bool { return target == outbox.ErrRetryTx }
+func (busyError) Is(target error) bool { return target == outboxdriver.ErrRetryTx }
 
 // busy reports whether err is SQLITE_BUSY or one of its extended codes
 // (the primary code is the low byte), from a driver whose errors tell their

@@ -19,6 +19,7 @@ import (
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // Txn is one open business transaction.
@@ -53,7 +54,7 @@ type Harness struct {
 type env struct {
 	*Store
 	ob *outbox.Outbox
-	rd outbox.RelayDialect
+	rd outboxdriver.RelayDialect
 }
 
 // Run runs the suite.
@@ -101,7 +102,7 @@ func newEnv(t testing.TB, h Harness) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd, ok := h.Dialect.(outbox.RelayDialect)
+	rd, ok := h.Dialect.(outboxdriver.RelayDialect)
 	if !ok {
 		t.Fatalf("%s has no relay", h.Dialect.Name())
 	}
@@ -222,7 +223,7 @@ func dedup(t *testing.T, e *env) {
 	}
 }
 
-func claim(t *testing.T, e *env, p outbox.ClaimParams) []outbox.Claimed {
+func claim(t *testing.T, e *env, p outboxdriver.ClaimParams) []outboxdriver.Claimed {
 	t.Helper()
 	cs, _, err := e.rd.Claim(context.Background(), e.DB, e.ob.Table(), p)
 	if err != nil {
@@ -239,7 +240,7 @@ func delay(t *testing.T, e *env) {
 		outbox.Message{Topic: "t", Key: "k1", Payload: []byte(`{"n":1}`)},
 		outbox.Message{Topic: "t", Key: "k2", Payload: []byte(`{"n":2}`), NotBefore: time.Now().Add(time.Hour)},
 		outbox.Message{Topic: "t", Key: "k3", Payload: []byte(`{"n":3}`)})
-	cs := claim(t, e, outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+	cs := claim(t, e, outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
 	if len(cs) != 2 || cs[0].ID != res[1].ID || cs[1].ID != res[3].ID {
 		t.Fatalf("claimed %v, want only the two immediate messages", cs)
 	}
@@ -268,7 +269,7 @@ func claimLimits(t *testing.T, e *env) {
 // back empty when rounds is 0). It fails t if a claim takes more than its
 // limit, a message of another topic or one not at its first attempt, or a
 // message another claim took, and returns how many messages were claimed.
-func ClaimConcurrently(t testing.TB, rd outbox.RelayDialect, db outbox.DB, table outbox.Table, topic string, claimers, rounds int) int {
+func ClaimConcurrently(t testing.TB, rd outboxdriver.RelayDialect, db outbox.DB, table outbox.Table, topic string, claimers, rounds int) int {
 	t.Helper()
 	var mu sync.Mutex
 	seen := map[outbox.ID]bool{}
@@ -277,7 +278,7 @@ func ClaimConcurrently(t testing.TB, rd outbox.RelayDialect, db outbox.DB, table
 		wg.Go(func() {
 			for i := 0; rounds == 0 || i < rounds; i++ {
 				limit := 1 + (w*7+i)%17
-				cs, _, err := rd.Claim(context.Background(), db, table, outbox.ClaimParams{Topics: []string{topic}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
+				cs, _, err := rd.Claim(context.Background(), db, table, outboxdriver.ClaimParams{Topics: []string{topic}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
 				if err != nil {
 					t.Error(err)
 					return
@@ -317,7 +318,7 @@ func claimTopics(t *testing.T, e *env) {
 		topicOf[r.ID] = msgs[i].Topic
 	}
 	for _, topics := range [][]string{{"a"}, {"b", "c"}} {
-		cs := claim(t, e, outbox.ClaimParams{Topics: topics, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+		cs := claim(t, e, outboxdriver.ClaimParams{Topics: topics, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
 		if len(cs) != 3*len(topics) {
 			t.Errorf("claim of %v took %d messages, want %d", topics, len(cs), 3*len(topics))
 		}
@@ -334,7 +335,7 @@ func claimTopics(t *testing.T, e *env) {
 
 func leaseReclaim(t *testing.T, e *env) {
 	res := e.publish(t, outbox.Message{Topic: "t"})
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 3}
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 3}
 	if cs := claim(t, e, p); len(cs) != 1 || cs[0].Attempts != 1 {
 		t.Fatalf("first claim %v", cs)
 	}
@@ -363,14 +364,14 @@ func leaseReclaim(t *testing.T, e *env) {
 
 func fencing(t *testing.T, e *env) {
 	res := e.publish(t, outbox.Message{Topic: "t"})
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 5}
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 5}
 	claim(t, e, p)
 	time.Sleep(120 * time.Millisecond)
 	p.Lease = time.Minute
 	claim(t, e, p)
 	ctx := context.Background()
-	for _, kind := range []outbox.SettleKind{outbox.SettleDone, outbox.SettleRetry, outbox.SettleDead} {
-		applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 1}, Kind: kind, Error: "stale"}})
+	for _, kind := range []outboxdriver.SettleKind{outboxdriver.SettleDone, outboxdriver.SettleRetry, outboxdriver.SettleDead} {
+		applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: res[0].ID, Attempts: 1}, Kind: kind, Error: "stale"}})
 		if err != nil || len(applied) != 0 {
 			t.Errorf("stale settle kind %d applied %v, %v", kind, applied, err)
 		}
@@ -378,11 +379,11 @@ func fencing(t *testing.T, e *env) {
 	if n := e.count(t, idIs(res[0].ID)+" AND state = 'processing' AND attempts = 2"); n != 1 {
 		t.Error("a stale settle changed the row")
 	}
-	applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 2}, Kind: outbox.SettleDead, Error: "x"}})
+	applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: res[0].ID, Attempts: 2}, Kind: outboxdriver.SettleDead, Error: "x"}})
 	if err != nil || len(applied) != 1 {
 		t.Fatalf("current settle: %v %v", applied, err)
 	}
-	applied, _ = e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: outbox.Fence{ID: res[0].ID, Attempts: 2}, Kind: outbox.SettleRetry}})
+	applied, _ = e.rd.Settle(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: res[0].ID, Attempts: 2}, Kind: outboxdriver.SettleRetry}})
 	if len(applied) != 0 || e.count(t, idIs(res[0].ID)+" AND state = 'dead'") != 1 {
 		t.Error("a dead message came back")
 	}
@@ -396,24 +397,24 @@ func fencingMixedBatch(t *testing.T, e *env) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
-		p     outbox.SettleParams
-		kind  outbox.SettleKind
+		p     outboxdriver.SettleParams
+		kind  outboxdriver.SettleKind
 		carry bool
 		// also, when not "", is a second topic of the carrying claim: a
 		// claim of several topics, which dialects may build apart from a
 		// claim of one.
 		also string
 	}{
-		{"done", outbox.SettleParams{}, outbox.SettleDone, false, ""},
-		{"done carried by a claim", outbox.SettleParams{}, outbox.SettleDone, true, ""},
-		{"done kept carried by a claim of two topics", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, true, "elsewhere"},
-		{"done kept", outbox.SettleParams{KeepDelivered: true}, outbox.SettleDone, false, ""},
-		{"dead discarded", outbox.SettleParams{DiscardDead: true}, outbox.SettleDead, false, ""},
+		{"done", outboxdriver.SettleParams{}, outboxdriver.SettleDone, false, ""},
+		{"done carried by a claim", outboxdriver.SettleParams{}, outboxdriver.SettleDone, true, ""},
+		{"done kept carried by a claim of two topics", outboxdriver.SettleParams{KeepDelivered: true}, outboxdriver.SettleDone, true, "elsewhere"},
+		{"done kept", outboxdriver.SettleParams{KeepDelivered: true}, outboxdriver.SettleDone, false, ""},
+		{"dead discarded", outboxdriver.SettleParams{DiscardDead: true}, outboxdriver.SettleDead, false, ""},
 	} {
 		topic := strings.ReplaceAll(tc.name, " ", "_")
 		res := e.publish(t, outbox.Message{Topic: topic}, outbox.Message{Topic: topic}, outbox.Message{Topic: topic})
 		a, b, c := res[0].ID, res[1].ID, res[2].ID
-		p := outbox.ClaimParams{Topics: []string{topic}, Limit: 3, Lease: 50 * time.Millisecond, MaxAttempts: 5}
+		p := outboxdriver.ClaimParams{Topics: []string{topic}, Limit: 3, Lease: 50 * time.Millisecond, MaxAttempts: 5}
 		if n := len(claim(t, e, p)); n != 3 {
 			t.Fatalf("%s: claimed %d", tc.name, n)
 		}
@@ -423,30 +424,30 @@ func fencingMixedBatch(t *testing.T, e *env) {
 		if cs := claim(t, e, p); len(cs) != 2 || cs[0].ID != a || cs[1].ID != b {
 			t.Fatalf("%s: second claim %v", tc.name, cs)
 		}
-		batch := []outbox.Fence{{ID: a, Attempts: 1}, {ID: b, Attempts: 2}, {ID: c, Attempts: 1}}
-		var applied []outbox.Fence
+		batch := []outboxdriver.Fence{{ID: a, Attempts: 1}, {ID: b, Attempts: 2}, {ID: c, Attempts: 1}}
+		var applied []outboxdriver.Fence
 		var err error
 		if tc.carry {
-			var cs []outbox.Claimed
+			var cs []outboxdriver.Claimed
 			topics := []string{topic}
 			if tc.also != "" {
 				topics = append(topics, tc.also)
 			}
-			cs, applied, err = e.rd.Claim(ctx, e.DB, e.ob.Table(), outbox.ClaimParams{Topics: topics, Limit: 10, Lease: time.Minute, MaxAttempts: 5, Done: batch, KeepDelivered: tc.p.KeepDelivered})
+			cs, applied, err = e.rd.Claim(ctx, e.DB, e.ob.Table(), outboxdriver.ClaimParams{Topics: topics, Limit: 10, Lease: time.Minute, MaxAttempts: 5, Done: batch, KeepDelivered: tc.p.KeepDelivered})
 			if err == nil && len(cs) != 0 {
 				t.Errorf("%s: the carrying claim took %v", tc.name, cs)
 			}
 		} else {
-			ss := make([]outbox.Settlement, len(batch))
+			ss := make([]outboxdriver.Settlement, len(batch))
 			for i, f := range batch {
-				ss[i] = outbox.Settlement{Fence: f, Kind: tc.kind, Error: "x"}
+				ss[i] = outboxdriver.Settlement{Fence: f, Kind: tc.kind, Error: "x"}
 			}
 			applied, err = e.rd.Settle(ctx, e.DB, e.ob.Table(), tc.p, ss)
 		}
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		got := map[outbox.Fence]bool{}
+		got := map[outboxdriver.Fence]bool{}
 		for _, f := range applied {
 			got[f] = true
 		}
@@ -471,7 +472,7 @@ func fencingMixedBatch(t *testing.T, e *env) {
 func stats(t *testing.T, e *env) {
 	e.publish(t, outbox.Message{Topic: "a"}, outbox.Message{Topic: "a"}, outbox.Message{Topic: "b", Delay: time.Hour})
 	time.Sleep(150 * time.Millisecond)
-	if cs := claim(t, e, outbox.ClaimParams{Topics: []string{"a"}, Limit: 1, Lease: time.Minute, MaxAttempts: 3}); len(cs) != 1 {
+	if cs := claim(t, e, outboxdriver.ClaimParams{Topics: []string{"a"}, Limit: 1, Lease: time.Minute, MaxAttempts: 3}); len(cs) != 1 {
 		t.Fatalf("claimed %d", len(cs))
 	}
 	ss, err := e.ob.Stats(context.Background(), e.DB)
@@ -668,30 +669,30 @@ func PublishCommit(t testing.TB, tx *sql.Tx, ob *outbox.Outbox, msgs ...outbox.M
 // fences they applied to, and the errors claims and settles returned.
 type Trace struct {
 	mu         sync.Mutex
-	claimed    map[outbox.Fence]int
-	settled    []outbox.Settlement
-	applied    map[outbox.Fence]bool
+	claimed    map[outboxdriver.Fence]int
+	settled    []outboxdriver.Settlement
+	applied    map[outboxdriver.Fence]bool
 	claimErrs  []error
 	settleErrs []error
 }
 
 // NewTrace returns an empty Trace.
 func NewTrace() *Trace {
-	return &Trace{claimed: map[outbox.Fence]int{}, applied: map[outbox.Fence]bool{}}
+	return &Trace{claimed: map[outboxdriver.Fence]int{}, applied: map[outboxdriver.Fence]bool{}}
 }
 
-func (tr *Trace) TraceClaim(_ context.Context, cs []outbox.Claimed, err error) {
+func (tr *Trace) TraceClaim(_ context.Context, cs []outboxdriver.Claimed, err error) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, c := range cs {
-		tr.claimed[outbox.Fence{ID: c.ID, Attempts: c.Attempts}]++
+		tr.claimed[outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}]++
 	}
 	if err != nil {
 		tr.claimErrs = append(tr.claimErrs, err)
 	}
 }
 
-func (tr *Trace) TraceSettle(_ context.Context, s []outbox.Settlement, applied []outbox.Fence, err error) {
+func (tr *Trace) TraceSettle(_ context.Context, s []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.settled = append(tr.settled, s...)
@@ -704,7 +705,7 @@ func (tr *Trace) TraceSettle(_ context.Context, s []outbox.Settlement, applied [
 }
 
 // SettleOf returns whether a settle for f was written and whether it applied.
-func (tr *Trace) SettleOf(f outbox.Fence) (written, applied bool) {
+func (tr *Trace) SettleOf(f outboxdriver.Fence) (written, applied bool) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, s := range tr.settled {

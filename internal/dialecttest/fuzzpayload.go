@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // seeds is the shared seed corpus of FuzzPayload, in the Go corpus file
@@ -126,7 +127,7 @@ func roundTrip(t *testing.T, name string, e *env, payload []byte) {
 		}
 		return
 	}
-	cs, _, err := e.rd.Claim(ctx, s.DB, ob.Table(), outbox.ClaimParams{Topics: []string{"fuzz"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+	cs, _, err := e.rd.Claim(ctx, s.DB, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"fuzz"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3})
 	if err != nil {
 		t.Fatalf("%s: payload %s: claim: %v", name, short, err)
 	}

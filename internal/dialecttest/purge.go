@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // purgeBatch is the most rows one statement of a purge deletes, on every
@@ -24,7 +25,7 @@ const purgeBatch = 1000
 func purgeBatches(t *testing.T, e *env) {
 	ctx := context.Background()
 	const delivered = 2*purgeBatch + 500
-	lease := outbox.ClaimParams{Limit: 500, Lease: time.Hour, MaxAttempts: 5}
+	lease := outboxdriver.ClaimParams{Limit: 500, Lease: time.Hour, MaxAttempts: 5}
 	for left := delivered; left > 0; left -= 500 {
 		msgs := make([]outbox.Message, min(500, left))
 		for i := range msgs {
@@ -33,11 +34,11 @@ func purgeBatches(t *testing.T, e *env) {
 		e.publish(t, msgs...)
 		lease.Topics = []string{"done"}
 		cs := claim(t, e, lease)
-		ss := make([]outbox.Settlement, len(cs))
+		ss := make([]outboxdriver.Settlement, len(cs))
 		for i, c := range cs {
-			ss[i] = outbox.Settlement{Fence: outbox.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outbox.SettleDone}
+			ss[i] = outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outboxdriver.SettleDone}
 		}
-		if applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{KeepDelivered: true}, ss); err != nil || len(applied) != len(msgs) {
+		if applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{KeepDelivered: true}, ss); err != nil || len(applied) != len(msgs) {
 			t.Fatalf("settled %d of %d: %v", len(applied), len(msgs), err)
 		}
 	}
@@ -47,11 +48,11 @@ func purgeBatches(t *testing.T, e *env) {
 	}
 	five("dead")
 	lease.Topics = []string{"dead"}
-	var dead []outbox.Settlement
+	var dead []outboxdriver.Settlement
 	for _, c := range claim(t, e, lease) {
-		dead = append(dead, outbox.Settlement{Fence: outbox.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outbox.SettleDead, Error: "x"})
+		dead = append(dead, outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outboxdriver.SettleDead, Error: "x"})
 	}
-	if applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, dead); err != nil || len(applied) != 5 {
+	if applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{}, dead); err != nil || len(applied) != 5 {
 		t.Fatalf("dead-lettered %d of 5: %v", len(applied), err)
 	}
 	five("busy")
@@ -114,7 +115,7 @@ func purgeBatches(t *testing.T, e *env) {
 // countingDB counts the statements sent outside a transaction; when
 // cancelAt is not 0, it calls cancel as statement cancelAt is sent (the
 // statement then runs on a cancelled context). It runs a dialect's
-// transactions (outbox.TxDB) on its DB.
+// transactions (outboxdriver.TxDB) on its DB.
 type countingDB struct {
 	outbox.DB
 	statements atomic.Int32
@@ -122,7 +123,7 @@ type countingDB struct {
 	cancel     func()
 }
 
-func (c *countingDB) QueryDB(ctx context.Context, query string, args ...any) (outbox.Rows, error) {
+func (c *countingDB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
 	if n := c.statements.Add(1); c.cancelAt != 0 && n >= c.cancelAt {
 		c.cancel()
 	}
@@ -130,7 +131,7 @@ func (c *countingDB) QueryDB(ctx context.Context, query string, args ...any) (ou
 }
 
 func (c *countingDB) InTx(ctx context.Context, f func(tx outbox.DB) error) error {
-	tdb, ok := c.DB.(outbox.TxDB)
+	tdb, ok := c.DB.(outboxdriver.TxDB)
 	if !ok {
 		return fmt.Errorf("%w: %T has no transactions", outbox.ErrUnsupported, c.DB)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // redriveKeepsFence: a fence taken before a redrive never matches a claim
@@ -23,8 +24,8 @@ import (
 func redriveKeepsFence(t *testing.T, e *env) {
 	ctx := context.Background()
 	id := e.publish(t, outbox.Message{Topic: "t"})[0].ID
-	p := outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 2}
-	one := func(what string, attempts, base int, dead bool) outbox.Claimed {
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 2}
+	one := func(what string, attempts, base int, dead bool) outboxdriver.Claimed {
 		t.Helper()
 		cs := claim(t, e, p)
 		if len(cs) != 1 || cs[0].ID != id || cs[0].Attempts != attempts || cs[0].AttemptsBase != base || cs[0].Dead != dead {
@@ -32,19 +33,19 @@ func redriveKeepsFence(t *testing.T, e *env) {
 		}
 		return cs[0]
 	}
-	retry := func(what string, f outbox.Fence) {
+	retry := func(what string, f outboxdriver.Fence) {
 		t.Helper()
-		applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outbox.SettleParams{}, []outbox.Settlement{{Fence: f, Kind: outbox.SettleRetry, Error: "x"}})
+		applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: f, Kind: outboxdriver.SettleRetry, Error: "x"}})
 		if err != nil || len(applied) != 1 {
 			t.Fatalf("%s: retry of %v applied %v, %v", what, f, applied, err)
 		}
 	}
 	// The stale relay's claim: attempt 1, whose lease lapses.
 	stale := one("first claim", 1, 0, false)
-	f1 := outbox.Fence{ID: id, Attempts: stale.Attempts}
+	f1 := outboxdriver.Fence{ID: id, Attempts: stale.Attempts}
 	time.Sleep(120 * time.Millisecond)
 	p.Lease = time.Minute
-	f2 := outbox.Fence{ID: id, Attempts: one("claim after the lease", 2, 0, false).Attempts}
+	f2 := outboxdriver.Fence{ID: id, Attempts: one("claim after the lease", 2, 0, false).Attempts}
 	retry("second attempt", f2)
 	one("claim past max attempts", 2, 0, true)
 
@@ -64,16 +65,16 @@ func redriveKeepsFence(t *testing.T, e *env) {
 	// whether settled alone or carried by a claim. f1 first: before the
 	// fix the claim after the redrive had f1's attempts again, and the
 	// stale success deleted the message.
-	for _, f := range []outbox.Fence{f1, f2} {
-		for _, kind := range []outbox.SettleKind{outbox.SettleDone, outbox.SettleRetry, outbox.SettleDead} {
-			for _, sp := range []outbox.SettleParams{{}, {KeepDelivered: true}, {DiscardDead: true}} {
-				applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), sp, []outbox.Settlement{{Fence: f, Kind: kind, Error: "stale"}})
+	for _, f := range []outboxdriver.Fence{f1, f2} {
+		for _, kind := range []outboxdriver.SettleKind{outboxdriver.SettleDone, outboxdriver.SettleRetry, outboxdriver.SettleDead} {
+			for _, sp := range []outboxdriver.SettleParams{{}, {KeepDelivered: true}, {DiscardDead: true}} {
+				applied, err := e.rd.Settle(ctx, e.DB, e.ob.Table(), sp, []outboxdriver.Settlement{{Fence: f, Kind: kind, Error: "stale"}})
 				if err != nil || len(applied) != 0 {
 					t.Errorf("stale settle (kind %d, %+v) of %v after the redrive applied %v, %v", kind, sp, f, applied, err)
 				}
 			}
 		}
-		cs, done, err := e.rd.Claim(ctx, e.DB, e.ob.Table(), outbox.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 2, Done: []outbox.Fence{f}})
+		cs, done, err := e.rd.Claim(ctx, e.DB, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 2, Done: []outboxdriver.Fence{f}})
 		if err != nil || len(cs) != 0 || len(done) != 0 {
 			t.Errorf("a claim carrying the stale success %v took %v and applied %v, %v", f, cs, done, err)
 		}
@@ -86,8 +87,8 @@ func redriveKeepsFence(t *testing.T, e *env) {
 	}
 
 	// MaxAttempts fresh attempts: 1 (above), 2, then dead at claim.
-	retry("first attempt after the redrive", outbox.Fence{ID: id, Attempts: cur.Attempts})
-	f4 := outbox.Fence{ID: id, Attempts: one("second attempt after the redrive", 4, 2, false).Attempts}
+	retry("first attempt after the redrive", outboxdriver.Fence{ID: id, Attempts: cur.Attempts})
+	f4 := outboxdriver.Fence{ID: id, Attempts: one("second attempt after the redrive", 4, 2, false).Attempts}
 	retry("second attempt after the redrive", f4)
 	one("claim past max attempts after the redrive", 4, 2, true)
 	if e.count(t, idIs(id)+" AND state = 'dead' AND attempts = 4") != 1 {

@@ -11,18 +11,18 @@ import (
 	"strings"
 
 	"github.com/oncommit/oncommit/migrations"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// Prepare validates table ("" means outbox.DefaultTable) and loads the
+// Prepare validates table ("" means outboxdriver.DefaultTable) and loads the
 // migrations in fsys for it.
-func Prepare(fsys fs.FS, table string) (outbox.Table, []migrations.Migration, error) {
+func Prepare(fsys fs.FS, table string) (outboxdriver.Table, []migrations.Migration, error) {
 	if table == "" {
-		table = outbox.DefaultTable
+		table = outboxdriver.DefaultTable
 	}
-	t, err := outbox.ParseTable(table)
+	t, err := outboxdriver.ParseTable(table)
 	if err != nil {
-		return outbox.Table{}, nil, err
+		return outboxdriver.Table{}, nil, err
 	}
 	migs, err := migrations.Load(fsys, t.String())
 	return t, migs, err

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // Insert is one dialect's spelling of the publish INSERT.
@@ -22,8 +22,8 @@ type Insert struct {
 	// NotBefore writes available_at for an instant held in parameter p.
 	NotBefore func(b *strings.Builder, p func())
 	// DelayArg and NotBeforeArg give the argument for those parameters.
-	DelayArg     func(r *outbox.Row) any
-	NotBeforeArg func(r *outbox.Row) any
+	DelayArg     func(r *outboxdriver.Row) any
+	NotBeforeArg func(r *outboxdriver.Row) any
 	// OnConflict skips rows whose dedup key is taken, and Returning then
 	// returns the ids of the rows stored. Both are used only when some row
 	// has a dedup key: without one no row can conflict, every row is stored
@@ -32,7 +32,7 @@ type Insert struct {
 	Returning  string
 	// Notify, when not nil, wraps the INSERT (with or without its
 	// Returning clause) with the wake-up notification carrying payload.
-	Notify func(b *strings.Builder, insert string, t outbox.Table, returning bool, payload string)
+	Notify func(b *strings.Builder, insert string, t outboxdriver.Table, returning bool, payload string)
 
 	// stmts caches the text of statements whose rows are all immediate: a
 	// batch of n such rows always has the same text.
@@ -40,7 +40,7 @@ type Insert struct {
 }
 
 type stmtKey struct {
-	table         outbox.Table
+	table         outboxdriver.Table
 	n             int
 	cols          uint8
 	dedup, notify bool
@@ -69,7 +69,7 @@ var optional = [...]struct {
 // rows' values, row after row, in the order they appear in the text (a
 // delayed row's scheduling parameter after its columns), so positional "?"
 // placeholders work as well as numbered ones.
-func (in *Insert) Build(quotedTable string, t outbox.Table, rows []outbox.Row, wake outbox.Wake, text func(b []byte) any) (string, []any) {
+func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake, text func(b []byte) any) (string, []any) {
 	var cols uint8
 	immediate := true
 	for i := range rows {

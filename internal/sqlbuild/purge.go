@@ -4,7 +4,7 @@ import (
 	"context"
 	"slices"
 
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // PurgeBatch is the most rows one statement of a purge deletes: a short
@@ -32,10 +32,10 @@ func Batches(ctx context.Context, size int64, batch func() (int64, error)) (int6
 
 // TerminalStates returns the terminal states among states (the only ones a
 // purge may delete), as text, sorted and without repeats.
-func TerminalStates(states []outbox.State) []string {
+func TerminalStates(states []outboxdriver.State) []string {
 	var out []string
 	for _, s := range states {
-		if s == outbox.StateDelivered || s == outbox.StateDead {
+		if s == outboxdriver.StateDelivered || s == outboxdriver.StateDead {
 			out = append(out, string(s))
 		}
 	}

@@ -4,18 +4,18 @@ import (
 	"context"
 	"time"
 
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // ByKind splits settlements by outcome, keeping their order.
-func ByKind(s []outbox.Settlement) (done, retry, dead []outbox.Settlement) {
+func ByKind(s []outboxdriver.Settlement) (done, retry, dead []outboxdriver.Settlement) {
 	for _, x := range s {
 		switch x.Kind {
-		case outbox.SettleDone:
+		case outboxdriver.SettleDone:
 			done = append(done, x)
-		case outbox.SettleRetry:
+		case outboxdriver.SettleRetry:
 			retry = append(retry, x)
-		case outbox.SettleDead:
+		case outboxdriver.SettleDead:
 			dead = append(dead, x)
 		}
 	}
@@ -26,8 +26,8 @@ func ByKind(s []outbox.Settlement) (done, retry, dead []outbox.Settlement) {
 // first appears. Settlements mostly share their attempts, so a dialect
 // that fences with "attempts = N" writes one statement per group, usually
 // one.
-func ByAttempts(s []outbox.Settlement) [][]outbox.Settlement {
-	var groups [][]outbox.Settlement
+func ByAttempts(s []outboxdriver.Settlement) [][]outboxdriver.Settlement {
+	var groups [][]outboxdriver.Settlement
 next:
 	for _, x := range s {
 		for i, g := range groups {
@@ -36,14 +36,14 @@ next:
 				continue next
 			}
 		}
-		groups = append(groups, []outbox.Settlement{x})
+		groups = append(groups, []outboxdriver.Settlement{x})
 	}
 	return groups
 }
 
 // FencesOf returns the fences of s.
-func FencesOf(s []outbox.Settlement) []outbox.Fence {
-	fs := make([]outbox.Fence, len(s))
+func FencesOf(s []outboxdriver.Settlement) []outboxdriver.Fence {
+	fs := make([]outboxdriver.Fence, len(s))
 	for i := range s {
 		fs[i] = s[i].Fence
 	}
@@ -51,10 +51,10 @@ func FencesOf(s []outbox.Settlement) []outbox.Fence {
 }
 
 // Successes returns fences as successes to settle.
-func Successes(fs []outbox.Fence) []outbox.Settlement {
-	s := make([]outbox.Settlement, len(fs))
+func Successes(fs []outboxdriver.Fence) []outboxdriver.Settlement {
+	s := make([]outboxdriver.Settlement, len(fs))
 	for i, f := range fs {
-		s[i] = outbox.Settlement{Fence: f, Kind: outbox.SettleDone}
+		s[i] = outboxdriver.Settlement{Fence: f, Kind: outboxdriver.SettleDone}
 	}
 	return s
 }
@@ -62,15 +62,15 @@ func Successes(fs []outbox.Fence) []outbox.Settlement {
 // Stats runs a per-topic statistics query whose rows are (topic, pending,
 // processing, delivered, dead, age of the oldest due pending message as an
 // integer number of unit).
-func Stats(ctx context.Context, db outbox.DB, q string, unit time.Duration) ([]outbox.TopicStats, error) {
+func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration) ([]outboxdriver.TopicStats, error) {
 	rows, err := db.QueryDB(ctx, q)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []outbox.TopicStats
+	var out []outboxdriver.TopicStats
 	for rows.Next() {
-		var s outbox.TopicStats
+		var s outboxdriver.TopicStats
 		var age int64
 		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &age); err != nil {
 			return nil, err

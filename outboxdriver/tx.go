@@ -1,8 +1,8 @@
-package outbox
+package outboxdriver
 
 import "context"
 
-// Tx is a transaction that the caller owns and [Outbox.Publish] enlists in.
+// Tx is a transaction that the caller owns and outbox.Outbox.Publish enlists in.
 //
 // Build one with an adapter: sqltx.From(*sql.Tx) for database/sql, or
 // pgxtx.From(pgx.Tx) and pgxtx.FromConn(*pgx.Conn) for pgx. The method names

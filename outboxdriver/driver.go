@@ -1,8 +1,7 @@
-package outbox
+package outboxdriver
 
 import (
 	"context"
-	"strconv"
 	"time"
 )
 
@@ -39,30 +38,10 @@ type Wake struct {
 	// Send is true when the statement notifies.
 	Send bool
 	// Payload is the notification's payload: "" from an Outbox that
-	// notifies on every publish, the follow-up delay (see
-	// [Config.NotifyInterval]) in microseconds, as decimal text, from one
-	// that coalesces its notifications.
+	// notifies on every publish, the follow-up delay (see the outbox
+	// package's Config.NotifyInterval) in microseconds, as decimal text,
+	// from one that coalesces its notifications.
 	Payload string
-}
-
-// wakePayload is the payload asking relays to claim again after d: its
-// microseconds as decimal text (at least 1).
-func wakePayload(d time.Duration) string {
-	return strconv.FormatInt(max(1, d.Microseconds()), 10)
-}
-
-// followUp reads a Wake payload (see wakePayload): the delay after which a
-// relay woken by the notification should claim again, 0 when it asks for
-// none.
-func followUp(payload string) time.Duration {
-	if payload == "" || len(payload) > 12 {
-		return 0
-	}
-	us, err := strconv.ParseInt(payload, 10, 64)
-	if err != nil || us <= 0 {
-		return 0
-	}
-	return time.Duration(us) * time.Microsecond
 }
 
 // Capabilities describes what a [Dialect]'s database supports.
@@ -306,10 +285,6 @@ type Settlement struct {
 	Delay time.Duration // SettleRetry: from now on the database clock
 	At    time.Time     // SettleRetry: absolute time, when not zero
 	Error string        // recorded as last_error
-
-	// expires is when the relay stops trying to write this outcome after
-	// failed writes (its claim's lease will have lapsed by then).
-	expires time.Time
 }
 
 // SettleParams are the relay settings Settle applies.

@@ -1,0 +1,15 @@
+package outboxdriver
+
+import "time"
+
+// Row is a validated message ready to be written, handed to a [Dialect] by the outbox package's Publish.
+type Row struct {
+	ID        ID
+	Topic     string
+	Key       string // "" means NULL
+	Payload   []byte // nil means NULL
+	Headers   []byte // JSON object, nil means NULL
+	DedupKey  string // "" means NULL
+	Delay     time.Duration
+	NotBefore time.Time // UTC; zero means none
+}
