@@ -21,6 +21,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 var (
@@ -287,7 +288,7 @@ func claimRun(ctx context.Context, res *results, backlog int) {
 	mustExec(ctx, pool, `VACUUM ANALYZE `+tbl)
 	drainN := min(claimDrain, backlog/2)
 	timer := &claimTimer{}
-	r, err := ob.Relay(claimTimerDB{pgxtx.Pool(pool), timer}, outbox.RelayConfig{Logger: quiet})
+	r, err := ob.Relay(claimTimerDB{pgxtx.FromPool(pool), timer}, outbox.RelayConfig{Logger: quiet})
 	check(err)
 	onMsg, done := untilHandled(drainN, nil)
 	check(r.Handle("bench", func(context.Context, outbox.Delivery) error { onMsg(0); return nil }))
@@ -356,7 +357,7 @@ type claimTimerDB struct {
 }
 
 type claimTimerRows struct {
-	outbox.Rows
+	outboxdriver.Rows
 	start time.Time
 	t     *claimTimer
 }
@@ -370,7 +371,7 @@ func (r claimTimerRows) Close() error {
 	return err
 }
 
-func (d claimTimerDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+func (d claimTimerDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
 	start := time.Now()
 	rows, err := d.DB.QueryDB(ctx, q, args...)
 	if err != nil || !strings.Contains(q, "SKIP LOCKED") {

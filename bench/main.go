@@ -50,6 +50,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 var concurrency = 0 // RelayConfig default
@@ -241,7 +242,7 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) (run func()) {
 		check(err)
 		check(p.Ping(ctx))
 		pools = append(pools, p)
-		r, err := ob.Relay(timedDB{pgxtx.Pool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff, Concurrency: concurrency, BatchSize: batchSize, Tracer: stats})
+		r, err := ob.Relay(timedDB{pgxtx.FromPool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency, BatchSize: batchSize, Tracer: stats})
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(total) {
@@ -324,7 +325,7 @@ func latency(ctx context.Context, pool *pgxpool.Pool) {
 	var lat []time.Duration
 	committed := map[outbox.ID]time.Time{}
 	got := make(chan struct{}, samples)
-	r, err := ob.Relay(pgxtx.Pool(pool), outbox.RelayConfig{Logger: quiet, PollInterval: 10 * time.Second})
+	r, err := ob.Relay(pgxtx.FromPool(pool), outbox.RelayConfig{Logger: quiet, PollInterval: 10 * time.Second})
 	check(err)
 	check(r.Handle("lat", func(ctx context.Context, d outbox.Delivery) error {
 		now := time.Now()
@@ -420,12 +421,12 @@ type counters struct {
 
 var stats = &counters{}
 
-func (c *counters) TraceClaim(_ context.Context, cs []outbox.Claimed, _ error) {
+func (c *counters) TraceClaim(_ context.Context, cs []outboxdriver.Claimed, _ error) {
 	c.claims.Add(1)
 	c.claimed.Add(int64(len(cs)))
 }
 
-func (c *counters) TraceSettle(_ context.Context, s []outbox.Settlement, _ []outbox.Fence, _ error) {
+func (c *counters) TraceSettle(_ context.Context, s []outboxdriver.Settlement, _ []outboxdriver.Fence, _ error) {
 	c.settles.Add(1)
 	c.settled.Add(int64(len(s)))
 }
@@ -446,7 +447,7 @@ func (c *counters) String() string {
 type timedDB struct{ outbox.DB }
 
 type timedRows struct {
-	outbox.Rows
+	outboxdriver.Rows
 	start time.Time
 	acc   *atomic.Int64
 }
@@ -459,7 +460,7 @@ func (t timedRows) Close() error {
 
 var claimTime, settleTime atomic.Int64
 
-func (d timedDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+func (d timedDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
 	start := time.Now()
 	rows, err := d.DB.QueryDB(ctx, q, args...)
 	if err != nil {

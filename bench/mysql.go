@@ -72,7 +72,7 @@ func mysqlBench(ctx context.Context) {
 		ob := fresh()
 		var done atomic.Int64
 		finished := make(chan struct{})
-		r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond})
+		r, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond})
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(*n) {

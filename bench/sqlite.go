@@ -14,6 +14,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 	_ "modernc.org/sqlite"
 )
 
@@ -128,7 +129,7 @@ ORDER BY available_at, id LIMIT 100) RETURNING id, topic, payload`
 		sqliteFill(ctx, db, ob, *n)
 		var done atomic.Int64
 		finished := make(chan struct{})
-		r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: quiet, Tracer: stats}) // as a user builds it: prepared statements and all
+		r, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{Logger: quiet, Tracer: stats}) // as a user builds it: prepared statements and all
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(*n) {
@@ -164,22 +165,22 @@ func sqliteStmts(ctx context.Context) {
 	dir, err := os.MkdirTemp("", "oncommit-bench-sqlite-")
 	check(err)
 	defer os.RemoveAll(dir)
-	d := sqlite.Dialect().(outbox.RelayDialect)
+	d := sqlite.Dialect().(outboxdriver.RelayDialect)
 	for round := 1; round <= *rounds; round++ {
 		db, ob := sqliteFile(ctx, dir, "stmt")
 		sqliteFill(ctx, db, ob, *n)
-		pdb := sqltx.Pool(db)
-		var done []outbox.Fence
+		pdb := sqltx.FromDB(db)
+		var done []outboxdriver.Fence
 		t0 := time.Now()
 		for {
-			claimed, _, err := d.Claim(ctx, pdb, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
+			claimed, _, err := d.Claim(ctx, pdb, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
 			check(err)
 			if len(claimed) == 0 {
 				break
 			}
 			done = done[:0]
 			for _, c := range claimed {
-				done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+				done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 			}
 		}
 		carried := time.Since(t0)
@@ -194,7 +195,7 @@ func sqliteStmts(ctx context.Context) {
 		for {
 			tx, err := db.BeginTx(ctx, nil)
 			check(err)
-			claimed, _, err := d.Claim(ctx, sqlTxDB{tx}, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
+			claimed, _, err := d.Claim(ctx, sqlTxDB{tx}, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
 			check(err)
 			check(tx.Commit())
 			if len(claimed) == 0 {
@@ -202,7 +203,7 @@ func sqliteStmts(ctx context.Context) {
 			}
 			done = done[:0]
 			for _, c := range claimed {
-				done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+				done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 			}
 		}
 		fmt.Printf("round %d one transaction per claim and carried settle: %.2fs\n", round, time.Since(t0).Seconds())
@@ -210,10 +211,10 @@ func sqliteStmts(ctx context.Context) {
 
 		db, ob = sqliteFile(ctx, dir, "stmt")
 		sqliteFill(ctx, db, ob, *n)
-		pdb = sqltx.Pool(db)
+		pdb = sqltx.FromDB(db)
 		t0 = time.Now()
 		for {
-			claimed, _, err := d.Claim(ctx, pdb, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10})
+			claimed, _, err := d.Claim(ctx, pdb, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10})
 			check(err)
 			if len(claimed) == 0 {
 				break
@@ -233,6 +234,6 @@ func sqliteStmts(ctx context.Context) {
 
 type sqlTxDB struct{ tx *sql.Tx }
 
-func (d sqlTxDB) QueryDB(ctx context.Context, q string, args ...any) (outbox.Rows, error) {
+func (d sqlTxDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
 	return d.tx.QueryContext(ctx, q, args...)
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
-	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // stmts drains a table with the relay's claim statement alone (the previous
@@ -16,7 +16,7 @@ import (
 // raw loop: the SQL cost without the relay's goroutines.
 func stmts(ctx context.Context, pool *pgxpool.Pool) {
 	fmt.Printf("\n== stmt: the claim statements alone, %d messages, sequential (seconds)\n", *n)
-	d := postgres.Dialect().(outbox.RelayDialect)
+	d := postgres.Dialect().(outboxdriver.RelayDialect)
 	for round := 1; round <= *rounds; round++ {
 		ob := table(ctx, pool, "stmt")
 		fill(ctx, pool, ob, *n, "bench")
@@ -26,21 +26,21 @@ func stmts(ctx context.Context, pool *pgxpool.Pool) {
 
 		ob = table(ctx, pool, "stmt")
 		fill(ctx, pool, ob, *n, "bench")
-		db := pgxtx.Pool(pool)
-		var done []outbox.Fence
+		db := pgxtx.FromPool(pool)
+		var done []outboxdriver.Fence
 		t0 = time.Now()
 		for {
-			claimed, _, err := d.Claim(ctx, db, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
+			claimed, _, err := d.Claim(ctx, db, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
 			check(err)
 			if len(claimed) == 0 {
 				break
 			}
 			done = done[:0]
 			for _, c := range claimed {
-				done = append(done, outbox.Fence{ID: c.ID, Attempts: c.Attempts})
+				done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 			}
 		}
-		_, _, err := d.Claim(ctx, db, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
+		_, _, err := d.Claim(ctx, db, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10, Done: done})
 		check(err)
 		ours := time.Since(t0)
 
@@ -50,7 +50,7 @@ func stmts(ctx context.Context, pool *pgxpool.Pool) {
 		del := `DELETE FROM ` + postgres.QuoteTable(ob.Table()) + ` WHERE id = ANY($1)`
 		t0 = time.Now()
 		for {
-			claimed, _, err := d.Claim(ctx, db, ob.Table(), outbox.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10})
+			claimed, _, err := d.Claim(ctx, db, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10})
 			check(err)
 			if len(claimed) == 0 {
 				break

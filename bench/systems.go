@@ -220,7 +220,7 @@ func oncommitSystem(ctx context.Context, name, settings string, cfg outbox.Confi
 		for range procs {
 			p := newPool(ctx, 0, "")
 			pools = append(pools, p)
-			r, err := ob.Relay(pgxtx.Pool(p), rc)
+			r, err := ob.Relay(pgxtx.FromPool(p), rc)
 			check(err)
 			check(r.Handle("bench", func(_ context.Context, d outbox.Delivery) error {
 				onMsg(seqOf(d.Payload))

@@ -53,7 +53,7 @@ func pgHarness(driver string) dialecttest.Harness {
 			switch driver {
 			case "pgxpool":
 				p := pgtest.Pool(t)
-				s.DB = pgxtx.Pool(p)
+				s.DB = pgxtx.FromPool(p)
 				s.Begin = func(t *testing.T) dialecttest.Txn {
 					tx, err := p.Begin(context.Background())
 					if err != nil {
@@ -65,7 +65,7 @@ func pgHarness(driver string) dialecttest.Harness {
 			default:
 				name := map[string]string{"libpq": "postgres", "pgxstdlib": "pgx"}[driver]
 				db := pgtest.Open(t, name)
-				s.DB = sqltx.Pool(db)
+				s.DB = sqltx.FromDB(db)
 				s.Begin = func(t *testing.T) dialecttest.Txn {
 					tx, err := db.Begin()
 					if err != nil {

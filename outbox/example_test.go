@@ -140,7 +140,7 @@ func ExampleOutbox_Relay() {
 	_, _ = ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed", Payload: []byte(`{"order_id":"A-1"}`)})
 	_ = tx.Commit()
 
-	relay, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{
+	relay, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{
 		RetryBase: time.Millisecond, RetryCap: time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -177,7 +177,7 @@ func ExampleOutbox_Relay() {
 	// messages left: 0
 }
 
-// On PostgreSQL a relay takes a pgx pool (or sqltx.Pool(db)) and wakes on
+// On PostgreSQL a relay takes a pgx pool (or sqltx.FromDB(db)) and wakes on
 // NOTIFY. This example needs a server, so it is compiled but not run.
 func ExampleOutbox_Relay_postgres() {
 	ctx, stop := context.WithCancel(context.Background())
@@ -190,7 +190,7 @@ func ExampleOutbox_Relay_postgres() {
 	if err != nil {
 		panic(err)
 	}
-	relay, err := ob.Relay(pgxtx.Pool(pool), outbox.RelayConfig{})
+	relay, err := ob.Relay(pgxtx.FromPool(pool), outbox.RelayConfig{})
 	if err != nil {
 		panic(err)
 	}
@@ -220,7 +220,7 @@ func ExampleRelay_Health() {
 	db := openExampleDB(ctx)
 	defer db.Close()
 	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
-	relay, _ := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	relay, _ := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	_ = relay.Handle("order.placed", func(context.Context, outbox.Delivery) error { return nil })
 
 	ready := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -267,7 +267,7 @@ func ExampleRelay_Stats() {
 	_ = tx.Commit()
 	time.Sleep(5 * time.Millisecond) // due (0 s old) becomes overdue
 
-	relay, _ := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{})
+	relay, _ := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{})
 	_ = relay.Handle("order.shiped", func(context.Context, outbox.Delivery) error { return nil })
 	st, err := relay.Stats(ctx)
 	if err != nil {

@@ -34,7 +34,7 @@ type Delivery struct {
 //   - an error: retry after the backoff, or dead-letter once the message has
 //     had RelayConfig.MaxAttempts attempts.
 //   - [RetryAfter] or [RetryAt]: retry at that time (still an attempt).
-//   - [Cancel]: dead-letter now, with the reason.
+//   - [DeadLetter]: dead-letter now, with the reason.
 //
 // A panic is recovered and counts as an error. The context is cancelled
 // when the relay shuts down and the grace period has passed, or when the
@@ -71,24 +71,26 @@ func RetryAfter(d time.Duration, reason error) error {
 // RetryAt returns an error that reschedules the message at t.
 func RetryAt(t time.Time, reason error) error { return &RetryError{At: t, Reason: reason} }
 
-// CancelError dead-letters a message at once. Build it with [Cancel].
-type CancelError struct {
+// DeadLetterError dead-letters a message at once. Build it with
+// [DeadLetter].
+type DeadLetterError struct {
 	Reason error
 }
 
-func (e *CancelError) Error() string {
+func (e *DeadLetterError) Error() string {
 	if e.Reason == nil {
-		return "cancelled"
+		return "dead-lettered"
 	}
-	return "cancelled: " + e.Reason.Error()
+	return "dead-lettered: " + e.Reason.Error()
 }
 
 // Unwrap returns the reason.
-func (e *CancelError) Unwrap() error { return e.Reason }
+func (e *DeadLetterError) Unwrap() error { return e.Reason }
 
-// Cancel returns an error that dead-letters the message at once, without
-// further retries, recording reason. Use it when retrying cannot help.
-func Cancel(reason error) error { return &CancelError{Reason: reason} }
+// DeadLetter returns an error that dead-letters the message at once,
+// without further retries, recording reason. Use it when retrying cannot
+// help (a payload the handler can never process, say).
+func DeadLetter(reason error) error { return &DeadLetterError{Reason: reason} }
 
 // Validator is implemented by payload types that check themselves after
 // decoding; see [HandleJSON].
@@ -104,18 +106,18 @@ func HandleJSON[T any](r *Relay, topic string, h func(ctx context.Context, d Del
 	return r.Handle(topic, func(ctx context.Context, d Delivery) error {
 		var v T
 		if d.Payload == nil {
-			return Cancel(errors.New("invalid payload: message has no payload"))
+			return DeadLetter(errors.New("invalid payload: message has no payload"))
 		}
 		if err := json.Unmarshal(d.Payload, &v); err != nil {
-			return Cancel(fmt.Errorf("invalid payload: %w", err))
+			return DeadLetter(fmt.Errorf("invalid payload: %w", err))
 		}
 		if val, ok := any(&v).(Validator); ok {
 			if err := val.Validate(); err != nil {
-				return Cancel(fmt.Errorf("invalid payload: %w", err))
+				return DeadLetter(fmt.Errorf("invalid payload: %w", err))
 			}
 		} else if val, ok := any(v).(Validator); ok {
 			if err := val.Validate(); err != nil {
-				return Cancel(fmt.Errorf("invalid payload: %w", err))
+				return DeadLetter(fmt.Errorf("invalid payload: %w", err))
 			}
 		}
 		return h(ctx, d, v)

@@ -26,7 +26,7 @@ func TestHandlerContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ShutdownGrace: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	r, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ShutdownGrace: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

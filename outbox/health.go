@@ -14,7 +14,7 @@ type ListenerState int
 
 // The states of a relay's listener.
 const (
-	// ListenerOff: the relay polls only (RelayConfig.Listen is NotifyOff,
+	// ListenerOff: the relay polls only (RelayConfig.Listen is ListenOff,
 	// or the dialect or the driver cannot listen), or Run is not running.
 	ListenerOff ListenerState = iota
 	// ListenerConnecting: opening the listening connection.

@@ -23,7 +23,7 @@ import (
 func BenchmarkWakeAfterReconnect(b *testing.B) {
 	for range b.N {
 		e := newEnv(b, outbox.Config{})
-		r, err := e.ob.Relay(pgxtx.Pool(pool(b)), fast(b, outbox.RelayConfig{PollInterval: time.Minute}))
+		r, err := e.ob.Relay(pgxtx.FromPool(pool(b)), fast(b, outbox.RelayConfig{PollInterval: time.Minute}))
 		if err != nil {
 			b.Fatal(err)
 		}

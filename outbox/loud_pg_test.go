@@ -59,9 +59,9 @@ func TestRunSchemaChecks(t *testing.T) {
 		}
 	}
 	dbs := map[string]outbox.DB{
-		"pgx":        pgxtx.Pool(pool(t)),
-		"pgx-stdlib": sqltx.Pool(pgtest.Open(t, "pgx")),
-		"lib/pq":     sqltx.Pool(pgtest.Open(t, "postgres")),
+		"pgx":        pgxtx.FromPool(pool(t)),
+		"pgx-stdlib": sqltx.FromDB(pgtest.Open(t, "pgx")),
+		"lib/pq":     sqltx.FromDB(pgtest.Open(t, "postgres")),
 	}
 	for name, db := range dbs {
 		for table, want := range map[string]error{"missing": outbox.ErrTableMissing, "old": outbox.ErrSchemaMismatch, "unmigrated": outbox.ErrSchemaMismatch} {
@@ -92,15 +92,15 @@ func TestRunSchemaChecks(t *testing.T) {
 	}
 }
 
-// TestListenNeedsCapableDriver: Listen NotifyOn fails at construction with
+// TestListenNeedsCapableDriver: Listen ListenOn fails at construction with
 // lib/pq (it cannot LISTEN through database/sql) and names the driver;
 // NotifyAuto polls only; a *sql.DB limited to one connection is refused
 // when the listener would hold it.
 func TestListenNeedsCapableDriver(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
-	pq := sqltx.Pool(pgtest.Open(t, "postgres"))
-	_, err := e.ob.Relay(pq, outbox.RelayConfig{Listen: outbox.NotifyOn})
+	pq := sqltx.FromDB(pgtest.Open(t, "postgres"))
+	_, err := e.ob.Relay(pq, outbox.RelayConfig{Listen: outbox.ListenOn})
 	if !errors.Is(err, outbox.ErrUnsupported) || !strings.Contains(err.Error(), "pq") || strings.Contains(err.Error(), "dialect") {
 		t.Errorf("NotifyOn on lib/pq: %v, want ErrUnsupported naming the driver", err)
 	}
@@ -119,10 +119,10 @@ func TestListenNeedsCapableDriver(t *testing.T) {
 
 	one := pgtest.Open(t, "pgx")
 	one.SetMaxOpenConns(1)
-	if _, err := e.ob.Relay(sqltx.Pool(one), outbox.RelayConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := e.ob.Relay(sqltx.FromDB(one), outbox.RelayConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("listening on a one-connection *sql.DB: %v, want a ConfigError", err)
 	}
-	if _, err := e.ob.Relay(sqltx.Pool(one), outbox.RelayConfig{Listen: outbox.NotifyOff}); err != nil {
+	if _, err := e.ob.Relay(sqltx.FromDB(one), outbox.RelayConfig{Listen: outbox.ListenOff}); err != nil {
 		t.Errorf("polling on a one-connection *sql.DB: %v", err)
 	}
 }
@@ -133,7 +133,7 @@ func TestHealth(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
 	var broken atomic.Bool
-	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
 		if broken.Load() && strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 			return errors.New("injected claim failure")
 		}
@@ -215,7 +215,7 @@ func TestListenerCutRepeatedly(t *testing.T) {
 func TestWakeupsRespectClaimBackoff(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
-	db := listeningFaultDB{&faultDB{inner: pgxtx.Pool(pool(t)),
+	db := listeningFaultDB{&faultDB{inner: pgxtx.FromPool(pool(t)),
 		fail: func(q string) error {
 			if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 				return errors.New("injected claim failure")

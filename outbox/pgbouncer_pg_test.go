@@ -100,13 +100,13 @@ func bouncerPaths() []bouncerPath {
 					commit:   tx.Commit,
 					rollback: tx.Rollback,
 				}, nil
-			}, sqltx.Pool(db)
+			}, sqltx.FromDB(db)
 		}}
 	}
 	return []bouncerPath{
 		{"pgxpool", func(t *testing.T, url string) (func(context.Context) (txn, error), outbox.DB) {
 			p := bouncerPool(t, url)
-			return pgxBegin(t, p), pgxtx.Pool(p)
+			return pgxBegin(t, p), pgxtx.FromPool(p)
 		}},
 		sqlPath("pgxstdlib", "pgx", pgxStdlibParams),
 		sqlPath("libpq", "postgres", libpqParams),
@@ -124,7 +124,7 @@ const (
 // goroutines commit 15 business transactions each, each with an order row
 // and a message, while two relays that poll deliver through the same
 // PgBouncer; every transaction commits and every message is handled, none
-// lost, and the relays log no error. A relay left at Listen NotifyAuto
+// lost, and the relays log no error. A relay left at Listen ListenAuto
 // still delivers everything by polling.
 //
 // Each setting is needed: with pgx's default QueryExecModeCacheStatement,
@@ -136,9 +136,9 @@ const (
 // in the next, by then on another server connection.
 func TestPgBouncer(t *testing.T) {
 	for _, p := range bouncerPaths() {
-		for _, listen := range []outbox.NotifyMode{outbox.NotifyOff, outbox.NotifyAuto} {
+		for _, listen := range []outbox.ListenMode{outbox.ListenOff, outbox.ListenAuto} {
 			name := p.name
-			if listen == outbox.NotifyAuto {
+			if listen == outbox.ListenAuto {
 				name += "/listen-auto"
 			}
 			t.Run(name, func(t *testing.T) {
@@ -292,7 +292,7 @@ func TestPgBouncerNotifyToDirectRelay(t *testing.T) {
 	t.Parallel()
 	url := pgtest.BouncerURL(t)
 	e := newEnv(t, outbox.Config{})
-	r, err := e.ob.Relay(pgxtx.Pool(pgtest.Pool(t)), fast(t, outbox.RelayConfig{Listen: outbox.NotifyOn, PollInterval: time.Minute}))
+	r, err := e.ob.Relay(pgxtx.FromPool(pgtest.Pool(t)), fast(t, outbox.RelayConfig{Listen: outbox.ListenOn, PollInterval: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,21 @@ const (
 // value the attempts column (a 32-bit integer on every dialect) holds.
 const UnlimitedAttempts = math.MaxInt32
 
+// ListenMode says whether a relay listens for wake-up notifications
+// (PostgreSQL LISTEN), the other half of [NotifyMode].
+type ListenMode int
+
+const (
+	// ListenAuto listens when the dialect and the DB adapter can (pgx,
+	// native or stdlib, on PostgreSQL) and polls only otherwise.
+	ListenAuto ListenMode = iota
+	// ListenOn listens, and makes [Outbox.Relay] fail with ErrUnsupported
+	// when the dialect or the driver cannot.
+	ListenOn
+	// ListenOff polls only.
+	ListenOff
+)
+
 // Forever, as RelayConfig.KeepDelivered, keeps delivered messages until they
 // are purged by hand.
 const Forever time.Duration = math.MaxInt64
@@ -120,11 +135,11 @@ type RelayConfig struct {
 	JanitorEvery time.Duration
 
 	// Listen says whether the relay listens for the wake-up notifications
-	// publishes send. NotifyAuto listens when the dialect and the DB adapter
-	// can; NotifyOn makes Relay fail when they cannot; NotifyOff polls only
+	// publishes send. ListenAuto listens when the dialect and the DB adapter
+	// can; ListenOn makes Relay fail when they cannot; ListenOff polls only
 	// (set it behind PgBouncer in transaction pooling mode, where a LISTEN
-	// hears nothing). Defaults to NotifyAuto.
-	Listen NotifyMode
+	// hears nothing). Defaults to ListenAuto.
+	Listen ListenMode
 
 	// CommandTimeout bounds each statement of the relay (claim, settle,
 	// renew, purge). Defaults to DefaultCommandTimeout (30s).
@@ -214,7 +229,7 @@ func (c *RelayConfig) validate(caps outboxdriver.Capabilities) error {
 	if c.RetryJitter != nil && !(*c.RetryJitter >= 0 && *c.RetryJitter <= 1) {
 		return &ConfigError{Field: "RetryJitter", Reason: "must be in [0, 1]"}
 	}
-	if c.Listen < NotifyAuto || c.Listen > NotifyOff {
+	if c.Listen < ListenAuto || c.Listen > ListenOff {
 		return &ConfigError{Field: "Listen", Reason: "unknown mode"}
 	}
 	if c.Logger == nil {
@@ -234,7 +249,7 @@ type Relay struct {
 	retry  backoff.Policy
 	log    *slog.Logger
 	listen outboxdriver.Listener // nil when polling only
-	// pollOnly says why the relay cannot listen with Listen NotifyAuto
+	// pollOnly says why the relay cannot listen with ListenAuto
 	// (logged once when Run starts), nil otherwise.
 	pollOnly error
 	health   health
@@ -294,7 +309,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		inflight: map[outboxdriver.Fence]inflight{},
 		wake:     make(chan struct{}, 1),
 	}
-	if cfg.Listen != NotifyOff {
+	if cfg.Listen != ListenOff {
 		l, ok := db.(outboxdriver.Listener)
 		var why error
 		switch {
@@ -310,8 +325,8 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 			r.listen = l
 		case !errors.Is(why, ErrUnsupported):
 			return nil, why
-		case cfg.Listen == NotifyOn:
-			return nil, fmt.Errorf("%w (RelayConfig.Listen is NotifyOn; NotifyAuto polls instead)", why)
+		case cfg.Listen == ListenOn:
+			return nil, fmt.Errorf("%w (RelayConfig.Listen is ListenOn; ListenAuto polls instead)", why)
 		default:
 			r.pollOnly = why
 		}
@@ -778,7 +793,7 @@ func (r *Relay) deliver(j *job) {
 	var err error
 	if len(c.Headers) > 0 {
 		if jerr := json.Unmarshal(c.Headers, &d.Headers); jerr != nil {
-			err = Cancel(fmt.Errorf("invalid headers: %w", jerr))
+			err = DeadLetter(fmt.Errorf("invalid headers: %w", jerr))
 		}
 	}
 	if err == nil {
@@ -813,7 +828,7 @@ func (r *Relay) outcome(c *outboxdriver.Claimed, err error) outboxdriver.Settlem
 func (r *Relay) failure(c *outboxdriver.Claimed, s outboxdriver.Settlement, err error) outboxdriver.Settlement {
 	attempt := c.Attempts - c.AttemptsBase // since the last redrive
 	var retry *RetryError
-	var cancel *CancelError
+	var cancel *DeadLetterError
 	switch {
 	case errors.As(err, &cancel):
 		s.Kind, s.Error = outboxdriver.SettleDead, cleanError(err)

@@ -118,7 +118,7 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	staleStats(t, e, 2000, "t")
 	d := postgres.Dialect().(outboxdriver.RelayDialect)
-	db := pgxtx.Pool(genericPool(t, 8))
+	db := pgxtx.FromPool(genericPool(t, 8))
 	// More rounds than the generic-plan switch needs.
 	total := dialecttest.ClaimConcurrently(t, d, db, e.ob.Table(), "t", 8, 12)
 	if n := count(t, e.table, `state = 'processing'`); n != total {
@@ -144,7 +144,7 @@ func TestFourRelays(t *testing.T) {
 	tr := dialecttest.NewTrace()
 	rec := newRecorder()
 	for range 4 {
-		r, err := e.ob.Relay(pgxtx.Pool(pgtest.Pool(t)), fast(t, outbox.RelayConfig{Tracer: tr, Concurrency: 64}))
+		r, err := e.ob.Relay(pgxtx.FromPool(pgtest.Pool(t)), fast(t, outbox.RelayConfig{Tracer: tr, Concurrency: 64}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +175,7 @@ func TestClaimSettlesBeforeLocking(t *testing.T) {
 	ids := publishN(t, e, p, 3, outbox.Message{Topic: "t"})
 	ctx := context.Background()
 	d := postgres.Dialect().(outboxdriver.RelayDialect)
-	db := pgxtx.Pool(p)
+	db := pgxtx.FromPool(p)
 	// The first message is claimed (a success to carry); the others stay due.
 	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5})
 	if err != nil || len(cs) != 1 || cs[0].ID != ids[0] {
@@ -408,7 +408,7 @@ func TestClaimOfOneTopicSkipsOtherTopics(t *testing.T) {
 	}
 	// And it claims them all.
 	d := postgres.Dialect().(outboxdriver.RelayDialect)
-	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"mine"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5})
+	cs, _, err := d.Claim(context.Background(), pgxtx.FromPool(pool(t)), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"mine"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5})
 	if err != nil || len(cs) != 50 {
 		t.Fatalf("claim: %d rows, %v", len(cs), err)
 	}
@@ -454,7 +454,7 @@ func TestLeaseReclaim(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	ids := publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
 	d := postgres.Dialect().(outboxdriver.RelayDialect)
-	cs, _, err := d.Claim(context.Background(), pgxtx.Pool(pool(t)), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
+	cs, _, err := d.Claim(context.Background(), pgxtx.FromPool(pool(t)), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Second, MaxAttempts: 5})
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("claim: %v %v", cs, err)
 	}
@@ -498,7 +498,7 @@ func TestKeepDeliveredAndPurge(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	r := newRelay(t, e, outbox.RelayConfig{KeepDelivered: 1500 * time.Millisecond, JanitorEvery: 100 * time.Millisecond})
 	r.Handle("ok", func(ctx context.Context, d outbox.Delivery) error { return nil })
-	r.Handle("bad", func(ctx context.Context, d outbox.Delivery) error { return outbox.Cancel(errors.New("no")) })
+	r.Handle("bad", func(ctx context.Context, d outbox.Delivery) error { return outbox.DeadLetter(errors.New("no")) })
 	p := pool(t)
 	publishN(t, e, p, 3, outbox.Message{Topic: "ok"})
 	publishN(t, e, p, 2, outbox.Message{Topic: "bad"})
@@ -506,7 +506,7 @@ func TestKeepDeliveredAndPurge(t *testing.T) {
 	run := start(t, r)
 	eventually(t, 10*time.Second, "kept as delivered", func() bool { return count(t, e.table, `state = 'delivered'`) == 3 })
 	eventually(t, 10*time.Second, "dead", func() bool { return count(t, e.table, `state = 'dead'`) == 2 })
-	db := pgxtx.Pool(p)
+	db := pgxtx.FromPool(p)
 	stats, err := e.ob.Stats(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
@@ -600,13 +600,13 @@ func TestFrozenClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := &timedTrace{Trace: dialecttest.NewTrace()}
-	db := &faultDB{inner: pgxtx.Pool(p), fail: func(q string) error {
+	db := &faultDB{inner: pgxtx.FromPool(p), fail: func(q string) error {
 		if strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 			tr.began.Store(time.Now().UnixNano())
 		}
 		return nil
 	}}
-	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{CommandTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond, Tracer: tr, Listen: outbox.NotifyOff}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{CommandTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond, Tracer: tr, Listen: outbox.ListenOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -736,7 +736,7 @@ func TestHelperRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ob.Relay(pgxtx.Pool(p), outbox.RelayConfig{Lease: time.Second, PollInterval: 50 * time.Millisecond, MaxAttempts: maxAttempts})
+	r, err := ob.Relay(pgxtx.FromPool(p), outbox.RelayConfig{Lease: time.Second, PollInterval: 50 * time.Millisecond, MaxAttempts: maxAttempts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -758,7 +758,7 @@ func TestClaimCarriesSettles(t *testing.T) {
 			e := newEnv(t, outbox.Config{})
 			ids := publishN(t, e, pool(t), 3, outbox.Message{Topic: "t"})
 			d := postgres.Dialect().(outboxdriver.RelayDialect)
-			db := pgxtx.Pool(pool(t))
+			db := pgxtx.FromPool(pool(t))
 			p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 2, Lease: time.Minute, MaxAttempts: 5}
 			first, _, err := d.Claim(context.Background(), db, e.ob.Table(), p)
 			if err != nil || len(first) != 2 {

@@ -51,14 +51,14 @@ func TestSurvivesClaimErrors(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	var broken atomic.Bool
 	broken.Store(true)
-	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
 		if broken.Load() && strings.Contains(q, "FOR UPDATE SKIP LOCKED") {
 			return errors.New("injected claim failure")
 		}
 		return nil
 	}}
 	var logs logBuffer
-	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Logger: logs.logger(), Listen: outbox.NotifyOff}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Logger: logs.logger(), Listen: outbox.ListenOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestSettleFailureLoggedNotFatal(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	var failSettles atomic.Int32
 	failSettles.Store(1)
-	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
 		if strings.HasPrefix(q, "DELETE") && failSettles.Add(-1) >= 0 {
 			return errors.New("injected settle failure")
 		}
@@ -121,7 +121,7 @@ func TestPollsWhenListenerDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
 	var listens atomic.Int32
-	db := listeningFaultDB{&faultDB{inner: pgxtx.Pool(pool(t)), listen: func(ctx context.Context, sql string, wake func(payload string)) error {
+	db := listeningFaultDB{&faultDB{inner: pgxtx.FromPool(pool(t)), listen: func(ctx context.Context, sql string, wake func(payload string)) error {
 		listens.Add(1)
 		return errors.New("injected listener failure")
 	}}}
@@ -149,7 +149,7 @@ func TestPollsWhenListenerDown(t *testing.T) {
 func TestNoGoroutineLeaks(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	p := pool(t)
-	db := pgxtx.Pool(p)
+	db := pgxtx.FromPool(p)
 	publishN(t, e, p, 200, outbox.Message{Topic: "t"})
 	// Connections of the pool are shared with the test: take a snapshot
 	// after the pool is warm.
@@ -200,14 +200,14 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	e := newEnv(t, outbox.Config{})
 	var renewBlocked atomic.Bool
 	renewBlocked.Store(true)
-	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
 		if renewBlocked.Load() && strings.HasPrefix(q, "UPDATE") && strings.Contains(q, "SET available_at = now() + make_interval") {
 			return errors.New("injected renewal failure")
 		}
 		return nil
 	}}
 	tr := dialecttest.NewTrace()
-	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, Tracer: tr, Listen: outbox.NotifyOff}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, Tracer: tr, Listen: outbox.ListenOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestShutdownLetsClaimFinish(t *testing.T) {
 			e := newEnv(t, outbox.Config{})
 			publishN(t, e, pool(t), 5, outbox.Message{Topic: "t"})
 			began := make(chan struct{}, 1)
-			r, err := e.ob.Relay(slowClaimDB{pgxtx.Pool(pool(t)), c.delay, began}, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.NotifyOff, ShutdownGrace: 5 * time.Second}))
+			r, err := e.ob.Relay(slowClaimDB{pgxtx.FromPool(pool(t)), c.delay, began}, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.ListenOff, ShutdownGrace: 5 * time.Second}))
 			if err != nil {
 				t.Fatal(err)
 			}

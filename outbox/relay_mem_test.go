@@ -108,7 +108,7 @@ func relayOverhead(b *testing.B, work func(outbox.Delivery)) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := ob.Relay(nopDB{}, outbox.RelayConfig{PollInterval: time.Millisecond, Listen: outbox.NotifyOff, JanitorEvery: time.Hour})
+	r, err := ob.Relay(nopDB{}, outbox.RelayConfig{PollInterval: time.Millisecond, Listen: outbox.ListenOff, JanitorEvery: time.Hour})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestIdleHandlerGoroutinesExit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ob.Relay(nopDB{}, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Listen: outbox.NotifyOff})
+	r, err := ob.Relay(nopDB{}, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,9 +21,9 @@ func TestRelayDelivers(t *testing.T) {
 		name string
 		db   func(t *testing.T) outbox.DB
 	}{
-		{"pgxpool", func(t *testing.T) outbox.DB { return pgxtx.Pool(pgtest.Pool(t)) }},
-		{"pgxstdlib", func(t *testing.T) outbox.DB { return sqltx.Pool(pgtest.Open(t, "pgx")) }},
-		{"libpq", func(t *testing.T) outbox.DB { return sqltx.Pool(pgtest.Open(t, "postgres")) }},
+		{"pgxpool", func(t *testing.T) outbox.DB { return pgxtx.FromPool(pgtest.Pool(t)) }},
+		{"pgxstdlib", func(t *testing.T) outbox.DB { return sqltx.FromDB(pgtest.Open(t, "pgx")) }},
+		{"libpq", func(t *testing.T) outbox.DB { return sqltx.FromDB(pgtest.Open(t, "postgres")) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -61,7 +61,7 @@ func TestRelayDelivers(t *testing.T) {
 
 func newRelay(t *testing.T, e *env, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	r, err := e.ob.Relay(pgxtx.Pool(pool(t)), fast(t, cfg))
+	r, err := e.ob.Relay(pgxtx.FromPool(pool(t)), fast(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestDeadLetterThenRedrive(t *testing.T) {
 		t.Errorf("handler ran %d times, want 3", len(a))
 	}
 	fail.Store(false)
-	db := pgxtx.Pool(pool(t))
+	db := pgxtx.FromPool(pool(t))
 	if n, err := e.ob.Redrive(context.Background(), db, "other-topic"); err != nil || n != 0 {
 		t.Errorf("redrive of another topic: %d, %v", n, err)
 	}
@@ -132,7 +132,7 @@ func TestDeadLetterThenRedrive(t *testing.T) {
 	run.stop(t)
 }
 
-// TestCancelAndInvalidPayload: Cancel and a payload that does not decode or
+// TestCancelAndInvalidPayload: DeadLetter and a payload that does not decode or
 // validate dead-letter at once, after one attempt.
 func TestCancelAndInvalidPayload(t *testing.T) {
 	t.Parallel()
@@ -141,7 +141,7 @@ func TestCancelAndInvalidPayload(t *testing.T) {
 	var runs atomic.Int32
 	r.Handle("cancel", func(ctx context.Context, d outbox.Delivery) error {
 		runs.Add(1)
-		return outbox.Cancel(errors.New("customer deleted"))
+		return outbox.DeadLetter(errors.New("customer deleted"))
 	})
 	if err := outbox.HandleJSON(r, "typed", func(ctx context.Context, d outbox.Delivery, o order) error {
 		runs.Add(1)

@@ -86,7 +86,7 @@ func startSettler(t *testing.T, d outboxdriver.RelayDialect) (*Relay, *syncBuffe
 		t.Fatal(err)
 	}
 	logs := new(syncBuffer)
-	r, err := ob.Relay(noDB{}, RelayConfig{Listen: NotifyOff, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	r, err := ob.Relay(noDB{}, RelayConfig{Listen: ListenOff, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

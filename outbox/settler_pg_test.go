@@ -23,7 +23,7 @@ func TestSettleFailureRetried(t *testing.T) {
 	var failDelete, failRetry atomic.Int32
 	failDelete.Store(1)
 	failRetry.Store(1)
-	db := &faultDB{inner: pgxtx.Pool(pool(t)), fail: func(q string) error {
+	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
 		switch {
 		case strings.HasPrefix(q, "DELETE") && failDelete.Add(-1) >= 0:
 			return errors.New("injected settle failure (delete)")
@@ -34,7 +34,7 @@ func TestSettleFailureRetried(t *testing.T) {
 	}}
 	// One poll a minute and no listener: after the first claim, the
 	// settler, not a claim, writes the outcomes.
-	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.NotifyOff, Lease: 30 * time.Second}))
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{PollInterval: time.Minute, Listen: outbox.ListenOff, Lease: 30 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}

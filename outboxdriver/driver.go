@@ -81,7 +81,7 @@ func (t Table) String() string {
 }
 
 // DB is a connection pool, for the relay and the operations. Build one with
-// an adapter: sqltx.Pool(*sql.DB) or pgxtx.Pool(*pgxpool.Pool). Each
+// an adapter: sqltx.FromDB(*sql.DB) or pgxtx.FromPool(*pgxpool.Pool). Each
 // statement runs on its own, in autocommit: no relay statement ever holds a
 // transaction open while a handler runs.
 type DB interface {
@@ -145,7 +145,7 @@ type Listener interface {
 	// CanListen reports, without I/O, whether ListenDB can work: nil, an
 	// error wrapping [ErrUnsupported] when the driver cannot listen (the
 	// relay then polls only, or fails at construction with
-	// RelayConfig.Listen NotifyOn), or another error (such as a
+	// RelayConfig.Listen ListenOn), or another error (such as a
 	// [*ConfigError] for a pool too small to spare the listener its
 	// connection) that makes the relay fail at construction.
 	CanListen() error

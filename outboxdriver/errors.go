@@ -61,7 +61,7 @@ var (
 	// ErrUnsupported is returned by the outbox package's New and Relay when the
 	// configuration asks for a capability that the dialect or the driver
 	// does not have (for example NotifyOn on SQLite, or a relay's
-	// Listen: NotifyOn on lib/pq, which cannot LISTEN through database/sql).
+	// Listen: ListenOn on lib/pq, which cannot LISTEN through database/sql).
 	ErrUnsupported = errors.New("outbox: not supported")
 )
 

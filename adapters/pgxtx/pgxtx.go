@@ -142,15 +142,15 @@ func (r pgxRows) Close() error {
 }
 
 // DB is the [outboxdriver.DB] around a *pgxpool.Pool, for the relay and the
-// operations. Build it with [Pool].
+// operations. Build it with [FromPool].
 type DB struct {
 	pool *pgxpool.Pool
 }
 
-// Pool returns pool as an [outboxdriver.DB]. The relay listens for notifications
+// FromPool returns pool as an [outboxdriver.DB]. The relay listens for notifications
 // on a dedicated connection it opens with the pool's configuration and the
 // application_name "oncommit-listener" (not one of the pool's connections).
-func Pool(pool *pgxpool.Pool) *DB { return &DB{pool: pool} }
+func FromPool(pool *pgxpool.Pool) *DB { return &DB{pool: pool} }
 
 // QueryDB runs query on the pool, outside any transaction.
 func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {

@@ -80,7 +80,7 @@ func txDone(err error) error {
 }
 
 // DB is the [outboxdriver.DB] around a *sql.DB, for the relay and the operations.
-// Build it with [Pool].
+// Build it with [FromDB].
 type DB struct {
 	db *sql.DB
 
@@ -94,10 +94,10 @@ type DB struct {
 // maxPrepared bounds the statements a DB keeps prepared.
 const maxPrepared = 64
 
-// Pool returns db as an [outboxdriver.DB]. With pgx's stdlib driver it can also
+// FromDB returns db as an [outboxdriver.DB]. With pgx's stdlib driver it can also
 // listen for notifications (on a connection it takes from db for as long as
 // the relay runs); with lib/pq the relay polls only.
-func Pool(db *sql.DB) *DB { return &DB{db: db} }
+func FromDB(db *sql.DB) *DB { return &DB{db: db} }
 
 // QueryDB runs query on the pool, outside any transaction.
 func (d *DB) QueryDB(ctx context.Context, query string, args ...any) (outboxdriver.Rows, error) {
@@ -157,10 +157,10 @@ func (d *DB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 // [outboxdriver.Listener].
 func (d *DB) CanListen() error {
 	if drv, ok := d.db.Driver().(*stdlib.Driver); !ok || drv == nil {
-		return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver; the driver %T cannot (use pgx's stdlib driver or pgxtx, or set RelayConfig.Listen to NotifyOff)", outboxdriver.ErrUnsupported, d.db.Driver())
+		return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver; the driver %T cannot (use pgx's stdlib driver or pgxtx, or set RelayConfig.Listen to ListenOff)", outboxdriver.ErrUnsupported, d.db.Driver())
 	}
 	if n := d.db.Stats().MaxOpenConnections; n == 1 {
-		return &outboxdriver.ConfigError{Field: "DB", Reason: "the *sql.DB allows 1 open connection (SetMaxOpenConns) and the relay's listener holds one for as long as it runs, leaving none for claims: allow at least 2 (plus what the application needs), or set RelayConfig.Listen to NotifyOff"}
+		return &outboxdriver.ConfigError{Field: "DB", Reason: "the *sql.DB allows 1 open connection (SetMaxOpenConns) and the relay's listener holds one for as long as it runs, leaving none for claims: allow at least 2 (plus what the application needs), or set RelayConfig.Listen to ListenOff"}
 	}
 	return nil
 }

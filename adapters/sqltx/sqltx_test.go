@@ -26,7 +26,7 @@ func TestQueryPrepared(t *testing.T) {
 	if _, err := db.Exec(`INSERT INTO t VALUES (1), (2), (3)`); err != nil {
 		t.Fatal(err)
 	}
-	p := Pool(db)
+	p := FromDB(db)
 	count := func(q string, args ...any) int {
 		t.Helper()
 		rows, err := p.QueryPrepared(ctx, q, args...)

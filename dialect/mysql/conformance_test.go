@@ -27,7 +27,7 @@ func harness() dialecttest.Harness {
 			e := newEnv(t, nil, outbox.Config{})
 			return &dialecttest.Store{
 				Table: e.table,
-				DB:    sqltx.Pool(e.pool),
+				DB:    sqltx.FromDB(e.pool),
 				Begin: func(t *testing.T) dialecttest.Txn {
 					tx := e.begin(t)
 					return dialecttest.Txn{Tx: sqltx.From(tx), Commit: tx.Commit, Rollback: tx.Rollback}

@@ -50,7 +50,7 @@ func TestPublishersNotDeadlockVictims(t *testing.T) {
 	var wg sync.WaitGroup
 	var claimed, published, deadlocks, otherErrs atomic.Int64
 	for range 4 {
-		db := sqltx.Pool(mysqltest.Open(t, nil))
+		db := sqltx.FromDB(mysqltest.Open(t, nil))
 		wg.Go(func() {
 			var done []outboxdriver.Fence
 			for ctx.Err() == nil {
@@ -174,7 +174,7 @@ func TestClaimLocksOnlyItsRows(t *testing.T) {
 		{open: "b", openLimit: 10, other: "a", otherLimit: 100, want: 100},
 		{open: "a", openLimit: 100, other: "c", otherLimit: 10, want: 10},
 	} {
-		held := openClaim{TxDB: sqltx.Pool(mysqltest.Open(t, nil)), locked: make(chan int, 1), release: make(chan struct{})}
+		held := openClaim{TxDB: sqltx.FromDB(mysqltest.Open(t, nil)), locked: make(chan int, 1), release: make(chan struct{})}
 		type result struct {
 			cs  []outboxdriver.Claimed
 			err error
@@ -191,7 +191,7 @@ func TestClaimLocksOnlyItsRows(t *testing.T) {
 			t.Fatalf("claim of %s: %v", tc.open, r.err)
 		}
 		short, cancel := context.WithTimeout(ctx, 10*time.Second)
-		cs, _, err := d.Claim(short, sqltx.Pool(e.pool), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{tc.other}, Limit: tc.otherLimit, Lease: time.Minute, MaxAttempts: 5})
+		cs, _, err := d.Claim(short, sqltx.FromDB(e.pool), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{tc.other}, Limit: tc.otherLimit, Lease: time.Minute, MaxAttempts: 5})
 		cancel()
 		close(held.release)
 		r := <-first
@@ -230,7 +230,7 @@ func TestSettleNotBlockedByOtherRows(t *testing.T) {
 	if _, err := mysqltest.Admin(t).Exec(`ANALYZE TABLE ` + e.table); err != nil {
 		t.Fatal(err)
 	}
-	db := sqltx.Pool(mysqltest.Open(t, func(c *driver.Config) {
+	db := sqltx.FromDB(mysqltest.Open(t, func(c *driver.Config) {
 		c.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
 	}))
 	tb := e.ob.Table()

@@ -17,7 +17,7 @@
 // relays poll, every [DefaultPollInterval] unless configured.
 //
 // The claim is one short transaction on the relay's pool (the pool must
-// implement [outboxdriver.TxDB], as sqltx.Pool does): a plain read (which takes
+// implement [outboxdriver.TxDB], as sqltx.FromDB does): a plain read (which takes
 // no locks) of the next due ids of the relay's topics through the claim
 // index (topic, claim_at, id), then SELECT ... FOR UPDATE SKIP LOCKED of
 // those ids by primary key, UPDATE, COMMIT, before any handler runs. Every

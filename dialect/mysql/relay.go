@@ -27,7 +27,7 @@ var lockBackoff = backoff.Policy{Base: 5 * time.Millisecond, Cap: 200 * time.Mil
 func (d *dialect) inTx(ctx context.Context, db outboxdriver.DB, op string, f func(tx outboxdriver.DB) error) error {
 	tdb, ok := db.(outboxdriver.TxDB)
 	if !ok {
-		return fmt.Errorf("%w: the MySQL dialect needs a DB that implements outboxdriver.TxDB (such as sqltx.Pool), not %T", outboxdriver.ErrUnsupported, db)
+		return fmt.Errorf("%w: the MySQL dialect needs a DB that implements outboxdriver.TxDB (such as sqltx.FromDB), not %T", outboxdriver.ErrUnsupported, db)
 	}
 	for retry := 1; ; retry++ {
 		err := tdb.InTx(ctx, f)

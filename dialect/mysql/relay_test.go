@@ -82,7 +82,7 @@ func TestFourRelays(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for range 4 {
-		r, err := e.ob.Relay(sqltx.Pool(mysqltest.Open(t, nil)), outbox.RelayConfig{
+		r, err := e.ob.Relay(sqltx.FromDB(mysqltest.Open(t, nil)), outbox.RelayConfig{
 			Tracer: tr, Concurrency: 64, PollInterval: 20 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 		})
@@ -122,7 +122,7 @@ func TestClaimNeverExceedsLimit(t *testing.T) {
 	publishMany(t, e, 1000, "t")
 	publishMany(t, e, 1000, "other")
 	d := mysql.Dialect().(outboxdriver.RelayDialect)
-	db := sqltx.Pool(e.pool)
+	db := sqltx.FromDB(e.pool)
 	total := dialecttest.ClaimConcurrently(t, d, db, e.ob.Table(), "t", 8, 12)
 	if total == 0 {
 		t.Fatal("nothing claimed")
@@ -179,17 +179,17 @@ func TestPlansUseIndexes(t *testing.T) {
 	// The claim really takes its rows from the index, in order, with a
 	// 200,000-row table: 100 rows of t1, due, oldest first.
 	d := mysql.Dialect().(outboxdriver.RelayDialect)
-	cs, _, err := d.Claim(context.Background(), sqltx.Pool(e.pool), tb, outboxdriver.ClaimParams{Topics: []string{"t1"}, Limit: 100, Lease: time.Minute, MaxAttempts: 10})
+	cs, _, err := d.Claim(context.Background(), sqltx.FromDB(e.pool), tb, outboxdriver.ClaimParams{Topics: []string{"t1"}, Limit: 100, Lease: time.Minute, MaxAttempts: 10})
 	if err != nil || len(cs) != 100 {
 		t.Fatalf("claim at 200k rows: %d rows, %v", len(cs), err)
 	}
 	// Redrive and purge work through many batches.
 	dead := count(t, e.table, `state = 'dead' AND topic = 't3'`)
-	if n, err := e.ob.Redrive(context.Background(), sqltx.Pool(e.pool), "t3"); err != nil || n != int64(dead) || dead < 2*1000 {
+	if n, err := e.ob.Redrive(context.Background(), sqltx.FromDB(e.pool), "t3"); err != nil || n != int64(dead) || dead < 2*1000 {
 		t.Errorf("redrive of %d dead rows: %d, %v", dead, n, err)
 	}
 	delivered := count(t, e.table, `state = 'delivered'`)
-	if n, err := e.ob.Purge(context.Background(), sqltx.Pool(e.pool), outbox.PurgeOptions{States: []outbox.State{outbox.StateDelivered}}); err != nil || n != int64(delivered) {
+	if n, err := e.ob.Purge(context.Background(), sqltx.FromDB(e.pool), outbox.PurgeOptions{States: []outbox.State{outbox.StateDelivered}}); err != nil || n != int64(delivered) {
 		t.Errorf("purge of %d delivered rows: %d, %v", delivered, n, err)
 	}
 	if n := count(t, e.table, `state IN ('delivered') OR (state = 'dead' AND topic = 't3')`); n != 0 {
@@ -332,7 +332,7 @@ func TestLockConflictsRetried(t *testing.T) {
 	retries, d, e := newRetryEnv(t)
 	ids := e.publish(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
 	ctx := context.Background()
-	db := sqltx.Pool(e.pool)
+	db := sqltx.FromDB(e.pool)
 	cs, _, err := d.Claim(ctx, db, e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5})
 	if err != nil || len(cs) != 3 {
 		t.Fatalf("claim: %v %v", cs, err)
@@ -386,7 +386,7 @@ func TestLockConflictsRetried(t *testing.T) {
 	other = holdLocks(t, e, ids[2])
 	release := time.AfterFunc(1500*time.Millisecond, func() { _ = other.Rollback() })
 	defer release.Stop()
-	kept, err := d.Renew(ctx, sqltx.Pool(short), e.ob.Table(), time.Minute, []outboxdriver.Fence{{ID: ids[2], Attempts: 1}})
+	kept, err := d.Renew(ctx, sqltx.FromDB(short), e.ob.Table(), time.Minute, []outboxdriver.Fence{{ID: ids[2], Attempts: 1}})
 	if err != nil || len(kept) != 1 {
 		t.Fatalf("renew after a lock wait timeout: %v %v", kept, err)
 	}
@@ -405,7 +405,7 @@ func TestRetriesBounded(t *testing.T) {
 	e := newEnv(t, d, outbox.Config{})
 	ids := e.publish(t, outbox.Message{Topic: "t"})
 	ctx := context.Background()
-	if _, _, err := d.Claim(ctx, sqltx.Pool(e.pool), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5}); err != nil {
+	if _, _, err := d.Claim(ctx, sqltx.FromDB(e.pool), e.ob.Table(), outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 1, Lease: time.Minute, MaxAttempts: 5}); err != nil {
 		t.Fatal(err)
 	}
 	short := mysqltest.Open(t, func(c *driver.Config) {
@@ -413,7 +413,7 @@ func TestRetriesBounded(t *testing.T) {
 	})
 	other := holdLocks(t, e, ids[0])
 	defer other.Rollback()
-	_, err := d.Settle(ctx, sqltx.Pool(short), e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone}})
+	_, err := d.Settle(ctx, sqltx.FromDB(short), e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: outboxdriver.Fence{ID: ids[0], Attempts: 1}, Kind: outboxdriver.SettleDone}})
 	var me *driver.MySQLError
 	if !errors.As(err, &me) || me.Number != 1205 {
 		t.Errorf("settle against a held lock: %v, want error 1205", err)
@@ -452,7 +452,7 @@ func TestMixedFences(t *testing.T) {
 	for _, keep := range []bool{false, true} {
 		e := newEnv(t, nil, outbox.Config{})
 		d := mysql.Dialect().(outboxdriver.RelayDialect)
-		db := sqltx.Pool(e.pool)
+		db := sqltx.FromDB(e.pool)
 		ctx := context.Background()
 		ids := e.publish(t, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
 		p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 3, Lease: time.Minute, MaxAttempts: 5}

@@ -24,7 +24,7 @@ func TestTextComparedExactly(t *testing.T) {
 	e := newEnv(t, nil, outbox.Config{})
 	ctx := context.Background()
 	d := mysql.Dialect().(outboxdriver.RelayDialect)
-	db := sqltx.Pool(e.pool)
+	db := sqltx.FromDB(e.pool)
 
 	tx := e.begin(t)
 	res, err := e.ob.PublishBatch(ctx, sqltx.From(tx), []outbox.Message{
@@ -148,7 +148,7 @@ func TestDuplicateLocksFirstCopy(t *testing.T) {
 	e := newEnv(t, nil, outbox.Config{})
 	ctx := context.Background()
 	d := mysql.Dialect().(outboxdriver.RelayDialect)
-	db := sqltx.Pool(e.pool)
+	db := sqltx.FromDB(e.pool)
 	ids := e.publish(t, outbox.Message{Topic: "x", DedupKey: "k"})
 	p := outboxdriver.ClaimParams{Topics: []string{"x"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
 

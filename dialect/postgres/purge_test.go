@@ -47,7 +47,7 @@ func TestPurgeOneAtATime(t *testing.T) {
 	fill("delivered", 2500)
 	fill("dead", 3)
 	d := Dialect().(outboxdriver.RelayDialect)
-	db := sqltx.Pool(pgtest.Open(t, "pgx"))
+	db := sqltx.FromDB(pgtest.Open(t, "pgx"))
 	delivered := []outbox.State{outbox.StateDelivered}
 	purge := func(states []outbox.State) (int64, time.Duration) {
 		t.Helper()

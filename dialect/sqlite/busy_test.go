@@ -123,7 +123,7 @@ func TestRelayStatementsWaitOutBusy(t *testing.T) {
 	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
 	publish(t, db, ob, outbox.Message{Topic: "t", Payload: []byte(`{}`)})
 	d := sqlite.Dialect().(outboxdriver.RelayDialect)
-	pool := sqltx.Pool(db)
+	pool := sqltx.FromDB(db)
 	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: time.Minute, MaxAttempts: 5}
 
 	// hold takes the write lock on a connection of its own and gives it up

@@ -36,7 +36,7 @@ func harness() dialecttest.Harness {
 			}
 			return &dialecttest.Store{
 				Table: "outbox",
-				DB:    sqltx.Pool(db),
+				DB:    sqltx.FromDB(db),
 				Begin: func(t *testing.T) dialecttest.Txn {
 					tx, err := db.Begin()
 					if err != nil {

@@ -136,7 +136,7 @@ func contend(b *testing.B, dsn string, run, lease time.Duration) *contention {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{Lease: lease, Logger: slog.New(countingHandler{c, b})})
+		r, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{Lease: lease, Logger: slog.New(countingHandler{c, b})})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -123,7 +123,7 @@ func TestHelperSQLiteRelay(t *testing.T) {
 	w := bufio.NewWriter(out)
 	var mu sync.Mutex
 	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{})
-	r, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
+	r, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)

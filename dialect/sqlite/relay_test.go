@@ -57,7 +57,7 @@ func state(t *testing.T, db *sql.DB, id outbox.ID) (string, int) {
 // it; Cancel and an invalid payload dead-letter at once; stats count them.
 func TestRelayOutcomes(t *testing.T) {
 	db, ob := open(t)
-	r, err := ob.Relay(sqltx.Pool(db), func() outbox.RelayConfig { c := relayCfg(t); c.MaxAttempts = 3; return c }())
+	r, err := ob.Relay(sqltx.FromDB(db), func() outbox.RelayConfig { c := relayCfg(t); c.MaxAttempts = 3; return c }())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestRelayOutcomes(t *testing.T) {
 		return errors.New("always fails")
 	})
 	r.Handle("cancel", func(ctx context.Context, d outbox.Delivery) error {
-		return outbox.Cancel(errors.New("no such customer"))
+		return outbox.DeadLetter(errors.New("no such customer"))
 	})
 	outbox.HandleJSON(r, "typed", func(ctx context.Context, d outbox.Delivery, v struct{ N int }) error { return nil })
 	ok := publish(t, db, ob, outbox.Message{Topic: "ok", Payload: []byte(`{"a":1}`)}, outbox.Message{Topic: "ok"})
@@ -115,7 +115,7 @@ func TestRelayOutcomes(t *testing.T) {
 	if count("flaky") != 2 || count("ok") != 2 {
 		t.Errorf("runs %v", runs)
 	}
-	stats, err := ob.Stats(context.Background(), sqltx.Pool(db))
+	stats, err := ob.Stats(context.Background(), sqltx.FromDB(db))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,12 +127,12 @@ func TestRelayOutcomes(t *testing.T) {
 		t.Errorf("stats count %d dead, want 3: %+v", dead, stats)
 	}
 	healed.Store(true)
-	if n, err := ob.Redrive(context.Background(), sqltx.Pool(db), "broken"); err != nil || n != 1 {
+	if n, err := ob.Redrive(context.Background(), sqltx.FromDB(db), "broken"); err != nil || n != 1 {
 		t.Fatalf("redrive: %d %v", n, err)
 	}
 	waitFor(t, "redriven delivered", func() bool { s, _ := state(t, db, broken[0]); return s == "gone" })
 	stop()
-	if n, err := ob.Purge(context.Background(), sqltx.Pool(db), outbox.PurgeOptions{}); err != nil || n != 2 {
+	if n, err := ob.Purge(context.Background(), sqltx.FromDB(db), outbox.PurgeOptions{}); err != nil || n != 2 {
 		t.Errorf("purge: %d %v, want 2 dead purged", n, err)
 	}
 }
@@ -166,7 +166,7 @@ func TestRelaysShareOneFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer rdb.Close()
-		r, err := ob.Relay(sqltx.Pool(rdb), relayCfg(t))
+		r, err := ob.Relay(sqltx.FromDB(rdb), relayCfg(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +200,7 @@ func TestStaleSettleFenced(t *testing.T) {
 	db, ob := open(t)
 	ids := publish(t, db, ob, outbox.Message{Topic: "t"})
 	d := sqlite.Dialect().(outboxdriver.RelayDialect)
-	pdb := sqltx.Pool(db)
+	pdb := sqltx.FromDB(db)
 	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 5, Lease: time.Millisecond, MaxAttempts: 5}
 	if cs, _, err := d.Claim(context.Background(), pdb, ob.Table(), p); err != nil || len(cs) != 1 {
 		t.Fatalf("claim: %v %v", cs, err)

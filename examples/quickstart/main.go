@@ -148,7 +148,7 @@ func run(ctx context.Context) error {
 	}
 
 	fmt.Println("\n6. A relay claims them and runs the handlers, outside any transaction:")
-	relay, err := ob.Relay(sqltx.Pool(db), outbox.RelayConfig{
+	relay, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{
 		PollInterval: 50 * time.Millisecond,
 		RetryBase:    200 * time.Millisecond, RetryCap: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), // the handlers below tell the story
@@ -179,7 +179,7 @@ func run(ctx context.Context) error {
 	err = outbox.HandleJSON(relay, "invoice.issued", func(ctx context.Context, d outbox.Delivery, inv invoice) error {
 		if inv.BillingAddress == "" {
 			fmt.Printf("   invoice.issued %s attempt %d: no billing address -> outbox.Cancel: dead-lettered, no retry\n", inv.OrderID, d.Attempt)
-			return outbox.Cancel(errors.New("no billing address"))
+			return outbox.DeadLetter(errors.New("no billing address"))
 		}
 		return nil
 	})
@@ -191,7 +191,7 @@ func run(ctx context.Context) error {
 	go func() { done <- relay.Run(rctx) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		stats, err := ob.Stats(ctx, sqltx.Pool(db))
+		stats, err := ob.Stats(ctx, sqltx.FromDB(db))
 		if err != nil {
 			stop()
 			return err

@@ -533,7 +533,7 @@ func deadLetterAndRedrive(t *testing.T, e *env) {
 }
 
 func cancelAndInvalid(t *testing.T, e *env) {
-	r := map[string]outbox.Handler{"cancel": func(ctx context.Context, d outbox.Delivery) error { return outbox.Cancel(errors.New("no")) }}
+	r := map[string]outbox.Handler{"cancel": func(ctx context.Context, d outbox.Delivery) error { return outbox.DeadLetter(errors.New("no")) }}
 	e.relay(t, outbox.RelayConfig{MaxAttempts: 5}, r)
 	res := e.publish(t, outbox.Message{Topic: "cancel"})
 	waitFor(t, "dead", func() bool { return e.count(t, idIs(res[0].ID)+" AND state = 'dead' AND attempts = 1") == 1 })
@@ -557,7 +557,7 @@ func cancelAndInvalid(t *testing.T, e *env) {
 func purge(t *testing.T, e *env) {
 	stop := e.relay(t, outbox.RelayConfig{KeepDelivered: outbox.Forever}, map[string]outbox.Handler{
 		"ok":  func(context.Context, outbox.Delivery) error { return nil },
-		"bad": func(context.Context, outbox.Delivery) error { return outbox.Cancel(errors.New("no")) },
+		"bad": func(context.Context, outbox.Delivery) error { return outbox.DeadLetter(errors.New("no")) },
 	})
 	e.publish(t, outbox.Message{Topic: "ok"}, outbox.Message{Topic: "ok"}, outbox.Message{Topic: "bad"}, outbox.Message{Topic: "later", Delay: time.Hour})
 	waitFor(t, "settled", func() bool { return e.count(t, "state IN ('delivered', 'dead')") == 3 })
