@@ -35,6 +35,7 @@ type child struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	out    *lines
+	opened chan struct{} // a publisher opened a transaction
 	killed atomic.Bool
 	exited chan struct{}
 	err    error // of Wait, once exited is closed
@@ -99,7 +100,7 @@ type parent struct {
 
 func (p *parent) start(role string, idx int) *child {
 	p.serial++
-	c := &child{role: role, idx: idx, serial: p.serial, exited: make(chan struct{})}
+	c := &child{role: role, idx: idx, serial: p.serial, exited: make(chan struct{}), opened: make(chan struct{}, 1)}
 	c.out = &lines{onLine: func(s string) bool {
 		if strings.Contains(s, "level=ERROR") {
 			p.relayErrors.Add(1)
@@ -111,6 +112,10 @@ func (p *parent) start(role string, idx int) *child {
 		switch {
 		case s == "O":
 			p.pubState[idx].Store(pubOpen)
+			select {
+			case c.opened <- struct{}{}:
+			default:
+			}
 		case s == "B":
 			p.pubState[idx].Store(pubCommitting)
 		case strings.HasPrefix(s, "C "):
@@ -237,6 +242,20 @@ loop:
 			relayKill.Reset(p.uniform(o.KillMin, o.KillMax))
 		case <-pubKill.C:
 			i := p.rng.IntN(len(pubs))
+			if p.rng.IntN(3) > 0 {
+				// Aim at a transaction: wait for one to open, then kill
+				// within a few milliseconds, before, during or after its
+				// COMMIT.
+				select {
+				case <-pubs[i].opened:
+				default:
+				}
+				select {
+				case <-pubs[i].opened:
+				case <-time.After(time.Second):
+				}
+				time.Sleep(p.uniform(0, 6*time.Millisecond))
+			}
 			state := p.pubState[i].Load()
 			p.kill(pubs[i])
 			rep.PublisherKills++
