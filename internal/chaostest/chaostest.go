@@ -50,7 +50,9 @@ type Backend struct {
 	Setup func(t testing.TB) Target
 	// Open connects to the target, in any process.
 	Open func(ctx context.Context, target Target) (*Conn, error)
-	// Lease is the relays' lease. Defaults to 2s.
+	// Lease is the relays' lease. Defaults to 3s: short, so that healing
+	// is quick, and long enough that a relay starved of CPU (-race, a busy
+	// CI machine) keeps its leases.
 	Lease time.Duration
 }
 
@@ -115,8 +117,8 @@ func (c *Conn) ledger() *sql.DB {
 
 // Options shape one run.
 type Options struct {
-	Duration   time.Duration // how long publishers publish and relays are killed
-	Messages   int           // messages to publish over Duration (about)
+	Duration   time.Duration // how long publishers publish and relays are killed (at least)
+	Messages   int           // messages to publish over Duration (the run goes on, up to 3x Duration, until they are)
 	Relays     int           // relay processes
 	Publishers int           // publisher processes
 	// KillMin and KillMax bound the pause between two relay kills.
@@ -127,8 +129,8 @@ type Options struct {
 	HandlerWork time.Duration
 	// Seed seeds every random choice; 0 draws one.
 	Seed uint64
-	// Name labels the report.
-	Name string
+	// Name and Mode label the report.
+	Name, Mode string
 }
 
 // Short is the default run: a few seconds, a few hundred messages.
@@ -136,13 +138,13 @@ func Short() Options {
 	return Options{Duration: 5 * time.Second, Messages: 400, Relays: 4, Publishers: 2,
 		KillMin: 200 * time.Millisecond, KillMax: 800 * time.Millisecond,
 		PubKillMin: 400 * time.Millisecond, PubKillMax: 1500 * time.Millisecond,
-		HandlerWork: 5 * time.Millisecond}
+		HandlerWork: 5 * time.Millisecond, Mode: "short"}
 }
 
 // Long is the run behind OUTBOX_RELIABILITY=long: 60 s, 5,000 messages.
 func Long() Options {
 	o := Short()
-	o.Duration, o.Messages = 60*time.Second, 5000
+	o.Duration, o.Messages, o.Mode = 60*time.Second, 5000, "long"
 	return o
 }
 
@@ -159,19 +161,16 @@ func FromEnv() Options {
 	}
 	if s := os.Getenv("OUTBOX_CHAOS_DURATION"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil {
-			o.Duration = d
+			o.Duration, o.Mode = d, "custom"
 		}
 	}
 	if s := os.Getenv("OUTBOX_CHAOS_MESSAGES"); s != "" {
 		if n, err := strconv.Atoi(s); err == nil {
-			o.Messages = n
+			o.Messages, o.Mode = n, "custom"
 		}
 	}
 	return o
 }
-
-// Long reports whether the long variant was asked for.
-func (o Options) Long() bool { return o.Duration >= time.Minute }
 
 // Environment of the child processes.
 const (
@@ -187,7 +186,7 @@ const (
 // part).
 func Run(t *testing.T, b Backend, o Options) {
 	if b.Lease == 0 {
-		b.Lease = 2 * time.Second
+		b.Lease = 3 * time.Second
 	}
 	if role := os.Getenv(envRole); role != "" {
 		runChild(t, b, role)

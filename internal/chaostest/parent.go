@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,6 +95,7 @@ type parent struct {
 	pubErrors    atomic.Int64
 	pubErrSample atomic.Value
 	txs          atomic.Int64 // transactions seen committed
+	published    atomic.Int64 // their messages
 	pubState     []atomic.Int32
 	failures     []string
 }
@@ -121,6 +123,8 @@ func (p *parent) start(role string, idx int) *child {
 		case strings.HasPrefix(s, "C "):
 			p.pubState[idx].Store(pubIdle)
 			p.txs.Add(1)
+			n, _ := strconv.Atoi(s[2:])
+			p.published.Add(int64(n))
 		case strings.HasPrefix(s, "E "):
 			p.pubState[idx].Store(pubIdle)
 			p.pubErrors.Add(1)
@@ -202,10 +206,7 @@ func run(t *testing.T, b Backend, o Options) *Report {
 		rng: rand.New(rand.NewPCG(o.Seed, 0)), exits: make(chan *child, 4096),
 		killedRelays: map[int]bool{}, pubState: make([]atomic.Int32, o.Publishers)}
 	rep := &Report{Name: o.Name, Dialect: b.Dialect.Name(), Seed: o.Seed, Relays: o.Relays, Publishers: o.Publishers,
-		DurationS: o.Duration.Seconds(), LeaseS: b.Lease.Seconds(), Mode: "short"}
-	if o.Long() {
-		rep.Mode = "long"
-	}
+		DurationS: o.Duration.Seconds(), LeaseS: b.Lease.Seconds(), Mode: o.Mode}
 
 	relays := make([]*child, o.Relays)
 	for i := range relays {
@@ -224,7 +225,10 @@ func run(t *testing.T, b Backend, o Options) *Report {
 			}
 		}
 	})
+	// The run ends after Duration once Messages were published, or after
+	// three times Duration (a starved machine publishes slower).
 	end := time.NewTimer(o.Duration)
+	endBy := time.Now().Add(3 * o.Duration)
 	relayKill := time.NewTimer(p.uniform(o.KillMin, o.KillMax))
 	pubKill := time.NewTimer(p.uniform(o.PubKillMin, o.PubKillMax))
 	started := time.Now()
@@ -232,7 +236,10 @@ loop:
 	for {
 		select {
 		case <-end.C:
-			break loop
+			if p.published.Load() >= int64(o.Messages) || time.Now().After(endBy) {
+				break loop
+			}
+			end.Reset(100 * time.Millisecond)
 		case <-relayKill.C:
 			i := p.rng.IntN(len(relays))
 			p.kill(relays[i])
@@ -252,7 +259,7 @@ loop:
 				}
 				select {
 				case <-pubs[i].opened:
-				case <-time.After(time.Second):
+				case <-time.After(250 * time.Millisecond): // not long: relay kills wait
 				}
 				time.Sleep(p.uniform(0, 6*time.Millisecond))
 			}
