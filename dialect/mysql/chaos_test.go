@@ -1,0 +1,36 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/internal/chaostest"
+	"github.com/oncommit/oncommit/internal/mysqltest"
+)
+
+// TestChaos runs the chaos test (internal/chaostest) on MySQL/MariaDB
+// through go-sql-driver/mysql, in a database of its own.
+func TestChaos(t *testing.T) {
+	chaostest.Run(t, chaostest.Backend{
+		Dialect: mysql.Dialect(),
+		Setup: func(t testing.TB) chaostest.Target {
+			name := mysqltest.Database(t)
+			if err := mysql.Migrate(context.Background(), mysqltest.Admin(t), name+".outbox"); err != nil {
+				t.Fatal(err)
+			}
+			return chaostest.Target{"dsn": mysqltest.DSN(t), "db": name}
+		},
+		Open: func(ctx context.Context, tg chaostest.Target) (*chaostest.Conn, error) {
+			db, err := sql.Open("mysql", tg["dsn"])
+			if err != nil {
+				return nil, err
+			}
+			n := tg["db"]
+			return &chaostest.Conn{Table: n + ".outbox", Business: n + ".chaos_orders", Ledger: n + ".chaos_ledger",
+				Relay: sqltx.Pool(db), Begin: chaostest.SQLBegin(db), SQL: db, Close: func() { db.Close() }}, nil
+		},
+	}, chaostest.FromEnv())
+}

@@ -1,0 +1,73 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/chaostest"
+	"github.com/oncommit/oncommit/internal/pgtest"
+)
+
+// TestChaos runs the chaos test (internal/chaostest) on PostgreSQL: relays
+// and publishers on native pgx (relays listen for notifications), and on
+// lib/pq (relays poll).
+func TestChaos(t *testing.T) {
+	for _, driver := range []string{"pgx", "libpq"} {
+		t.Run(driver, func(t *testing.T) {
+			chaostest.Run(t, pgBackend(driver), chaostest.FromEnv())
+		})
+	}
+}
+
+func pgBackend(driver string) chaostest.Backend {
+	return chaostest.Backend{
+		Dialect: postgres.Dialect(),
+		Setup: func(t testing.TB) chaostest.Target {
+			schema := pgtest.Schema(t)
+			if err := postgres.Migrate(context.Background(), pgtest.Admin(t), schema+".outbox"); err != nil {
+				t.Fatal(err)
+			}
+			return chaostest.Target{"url": pgtest.URL(t), "schema": schema}
+		},
+		Open: func(ctx context.Context, tg chaostest.Target) (*chaostest.Conn, error) {
+			s := tg["schema"]
+			c := &chaostest.Conn{Table: s + ".outbox", Business: s + ".chaos_orders", Ledger: s + ".chaos_ledger", Rebind: chaostest.Dollar}
+			switch driver {
+			case "pgx":
+				pool, err := pgxpool.New(ctx, tg["url"])
+				if err != nil {
+					return nil, err
+				}
+				db, err := sql.Open("pgx", tg["url"])
+				if err != nil {
+					pool.Close()
+					return nil, err
+				}
+				c.SQL, c.Relay = db, pgxtx.Pool(pool)
+				c.Close = func() { pool.Close(); db.Close() }
+				c.Begin = func(ctx context.Context) (chaostest.Txn, error) {
+					tx, err := pool.Begin(ctx)
+					if err != nil {
+						return chaostest.Txn{}, err
+					}
+					return chaostest.Txn{Tx: pgxtx.From(tx),
+						Exec:     func(ctx context.Context, q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err },
+						Commit:   func() error { return tx.Commit(context.Background()) },
+						Rollback: func() error { return tx.Rollback(context.Background()) }}, nil
+				}
+			default:
+				db, err := sql.Open("postgres", tg["url"])
+				if err != nil {
+					return nil, err
+				}
+				c.SQL, c.Relay, c.Close, c.Begin = db, sqltx.Pool(db), func() { db.Close() }, chaostest.SQLBegin(db)
+			}
+			return c, nil
+		},
+	}
+}
