@@ -30,7 +30,7 @@ func TestChaos(t *testing.T) {
 			}
 			n := tg["db"]
 			return &chaostest.Conn{Table: n + ".outbox", Business: n + ".chaos_orders", Ledger: n + ".chaos_ledger",
-				Relay: sqltx.Pool(db), Begin: chaostest.SQLBegin(db), SQL: db, Close: func() { db.Close() }}, nil
+				Relay: sqltx.FromDB(db), Begin: chaostest.SQLBegin(db), SQL: db, Close: func() { db.Close() }}, nil
 		},
 	}, chaostest.FromEnv())
 }

@@ -48,7 +48,7 @@ func pgBackend(driver string) chaostest.Backend {
 					pool.Close()
 					return nil, err
 				}
-				c.SQL, c.Relay = db, pgxtx.Pool(pool)
+				c.SQL, c.Relay = db, pgxtx.FromPool(pool)
 				c.Close = func() { pool.Close(); db.Close() }
 				c.Begin = func(ctx context.Context) (chaostest.Txn, error) {
 					tx, err := pool.Begin(ctx)
@@ -65,7 +65,7 @@ func pgBackend(driver string) chaostest.Backend {
 				if err != nil {
 					return nil, err
 				}
-				c.SQL, c.Relay, c.Close, c.Begin = db, sqltx.Pool(db), func() { db.Close() }, chaostest.SQLBegin(db)
+				c.SQL, c.Relay, c.Close, c.Begin = db, sqltx.FromDB(db), func() { db.Close() }, chaostest.SQLBegin(db)
 			}
 			return c, nil
 		},

@@ -42,7 +42,7 @@ func TestChaos(t *testing.T) {
 				return nil, err
 			}
 			return &chaostest.Conn{Table: "outbox", Business: "chaos_orders", Ledger: "chaos_ledger",
-				Relay: sqltx.Pool(db), Begin: chaostest.SQLBegin(db), SQL: db, LedgerSQL: ledger,
+				Relay: sqltx.FromDB(db), Begin: chaostest.SQLBegin(db), SQL: db, LedgerSQL: ledger,
 				Close: func() { db.Close(); ledger.Close() }}, nil
 		},
 	}, chaostest.FromEnv())
