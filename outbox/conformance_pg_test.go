@@ -66,6 +66,9 @@ func pgHarness(driver string) dialecttest.Harness {
 				name := map[string]string{"libpq": "postgres", "pgxstdlib": "pgx"}[driver]
 				db := pgtest.Open(t, name)
 				s.DB = sqltx.FromDB(db)
+				if driver == "pgxstdlib" {
+					s.DB = pgxtx.FromStdlib(db)
+				}
 				s.Begin = func(t *testing.T) dialecttest.Txn {
 					tx, err := db.Begin()
 					if err != nil {

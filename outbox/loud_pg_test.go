@@ -60,7 +60,7 @@ func TestRunSchemaChecks(t *testing.T) {
 	}
 	dbs := map[string]outbox.DB{
 		"pgx":        pgxtx.FromPool(pool(t)),
-		"pgx-stdlib": sqltx.FromDB(pgtest.Open(t, "pgx")),
+		"pgx-stdlib": pgxtx.FromStdlib(pgtest.Open(t, "pgx")),
 		"lib/pq":     sqltx.FromDB(pgtest.Open(t, "postgres")),
 	}
 	for name, db := range dbs {
@@ -119,10 +119,10 @@ func TestListenNeedsCapableDriver(t *testing.T) {
 
 	one := pgtest.Open(t, "pgx")
 	one.SetMaxOpenConns(1)
-	if _, err := e.ob.Relay(sqltx.FromDB(one), outbox.RelayConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := e.ob.Relay(pgxtx.FromStdlib(one), outbox.RelayConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("listening on a one-connection *sql.DB: %v, want a ConfigError", err)
 	}
-	if _, err := e.ob.Relay(sqltx.FromDB(one), outbox.RelayConfig{Listen: outbox.ListenOff}); err != nil {
+	if _, err := e.ob.Relay(pgxtx.FromStdlib(one), outbox.RelayConfig{Listen: outbox.ListenOff}); err != nil {
 		t.Errorf("polling on a one-connection *sql.DB: %v", err)
 	}
 }

@@ -22,7 +22,7 @@ func TestRelayDelivers(t *testing.T) {
 		db   func(t *testing.T) outbox.DB
 	}{
 		{"pgxpool", func(t *testing.T) outbox.DB { return pgxtx.FromPool(pgtest.Pool(t)) }},
-		{"pgxstdlib", func(t *testing.T) outbox.DB { return sqltx.FromDB(pgtest.Open(t, "pgx")) }},
+		{"pgxstdlib", func(t *testing.T) outbox.DB { return pgxtx.FromStdlib(pgtest.Open(t, "pgx")) }},
 		{"libpq", func(t *testing.T) outbox.DB { return sqltx.FromDB(pgtest.Open(t, "postgres")) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

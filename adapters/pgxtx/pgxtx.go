@@ -1,12 +1,15 @@
 // Package pgxtx adapts pgx v5 to oncommit.
 //
 // [From] wraps a pgx.Tx (from pgx.Conn.Begin, pgxpool.Pool.Begin or
-// pgxpool.Conn.Begin) so that [outboxdriver.Outbox.Publish] writes the message inside
+// pgxpool.Conn.Begin) so that outbox.Outbox.Publish writes the message inside
 // that transaction. [FromConn] wraps a *pgx.Conn on which the caller has
 // opened a transaction with SQL (BEGIN); it checks the connection's
 // transaction status before every Publish and refuses a connection in
 // autocommit or in a failed transaction. A *pgxpool.Pool has no
 // transaction and is accepted by neither.
+//
+// For the relay, [FromPool] wraps a *pgxpool.Pool, and [FromStdlib] a
+// *sql.DB opened with pgx's stdlib driver; both LISTEN for wake-ups.
 //
 // Behind PgBouncer in transaction pooling mode, set the pool's
 // ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeExec (pgx's default

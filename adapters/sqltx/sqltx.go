@@ -1,6 +1,6 @@
 // Package sqltx adapts database/sql to oncommit.
 //
-// [From] wraps the caller's *sql.Tx so that [outboxdriver.Outbox.Publish] writes the
+// [From] wraps the caller's *sql.Tx so that outbox.Outbox.Publish writes the
 // message inside that transaction; the message commits or rolls back with the
 // business rows. From takes only a *sql.Tx, so a *sql.DB or *sql.Conn (which
 // would commit the message on its own) does not compile.
@@ -8,6 +8,11 @@
 // It works with any database/sql driver of a supported dialect: lib/pq or
 // pgx's stdlib driver for PostgreSQL, modernc.org/sqlite for SQLite,
 // github.com/go-sql-driver/mysql for MySQL and MariaDB.
+//
+// A relay on [FromDB] polls; to have it LISTEN for wake-ups on PostgreSQL
+// through database/sql, open the pool with pgx's stdlib driver and use
+// pgxtx.FromStdlib, which adds the listener. This package imports no
+// driver.
 //
 // Behind PgBouncer in transaction pooling mode, open pgx's stdlib driver
 // with default_query_exec_mode=exec in the URL, or lib/pq with
@@ -18,14 +23,11 @@ package sqltx
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/oncommit/oncommit/internal/pglisten"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
@@ -94,9 +96,8 @@ type DB struct {
 // maxPrepared bounds the statements a DB keeps prepared.
 const maxPrepared = 64
 
-// FromDB returns db as an [outboxdriver.DB]. With pgx's stdlib driver it can also
-// listen for notifications (on a connection it takes from db for as long as
-// the relay runs); with lib/pq the relay polls only.
+// FromDB returns db as an [outboxdriver.DB], for the relay and the
+// operations. A relay on it polls (see [DB.CanListen]).
 func FromDB(db *sql.DB) *DB { return &DB{db: db} }
 
 // QueryDB runs query on the pool, outside any transaction.
@@ -150,47 +151,20 @@ func (d *DB) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	return st, nil
 }
 
-// CanListen reports whether the relay can listen through this pool: it
-// needs pgx's stdlib driver (lib/pq cannot LISTEN through database/sql),
-// and a pool that allows at least two open connections, because the
-// listener holds one for as long as the relay runs. It implements
-// [outboxdriver.Listener].
+// CanListen returns an error wrapping [outboxdriver.ErrUnsupported]: a
+// relay on this pool polls. To LISTEN through database/sql on PostgreSQL,
+// open the pool with pgx's stdlib driver and wrap it with pgxtx.FromStdlib
+// instead (lib/pq cannot LISTEN through database/sql at all). Keeping LISTEN
+// out of this package keeps pgx out of programs that do not use it (a
+// SQLite-only program links no pgx). It implements [outboxdriver.Listener],
+// so that RelayConfig.Listen ListenOn fails when the relay is built, naming
+// the driver.
 func (d *DB) CanListen() error {
-	if drv, ok := d.db.Driver().(*stdlib.Driver); !ok || drv == nil {
-		return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver; the driver %T cannot (use pgx's stdlib driver or pgxtx, or set RelayConfig.Listen to ListenOff)", outboxdriver.ErrUnsupported, d.db.Driver())
-	}
-	if n := d.db.Stats().MaxOpenConnections; n == 1 {
-		return &outboxdriver.ConfigError{Field: "DB", Reason: "the *sql.DB allows 1 open connection (SetMaxOpenConns) and the relay's listener holds one for as long as it runs, leaving none for claims: allow at least 2 (plus what the application needs), or set RelayConfig.Listen to ListenOff"}
-	}
-	return nil
+	return fmt.Errorf("%w: sqltx.FromDB polls only (driver %T); to LISTEN through database/sql, open the pool with pgx's stdlib driver and use pgxtx.FromStdlib", outboxdriver.ErrUnsupported, d.db.Driver())
 }
 
-// ListenDB listens for notifications on a connection taken from the pool,
-// which it discards afterwards. It needs pgx's stdlib driver; with any other
-// driver it returns an error wrapping [outboxdriver.ErrUnsupported] and the relay
-// polls only.
-func (d *DB) ListenDB(ctx context.Context, listenSQL string, wake func(payload string)) error {
-	conn, err := d.db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("%w: LISTEN through database/sql needs pgx's stdlib driver, not %T", outboxdriver.ErrUnsupported, dc)
-		}
-		// The connection is listening: never give it back to the pool.
-		return errors.Join(pglisten.Run(ctx, sc.Conn(), listenSQL, wake), driver.ErrBadConn)
-	})
-	if errors.Is(err, outboxdriver.ErrUnsupported) {
-		return err
-	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
-}
+// ListenDB returns the error of CanListen.
+func (d *DB) ListenDB(context.Context, string, func(string)) error { return d.CanListen() }
 
 // InTx runs f inside one transaction on one connection of the pool (begun
 // with the database's default isolation level), then commits, or rolls back

@@ -50,7 +50,7 @@ func QuoteTable(t outboxdriver.Table) string {
 }
 
 // Channel returns the notification channel of table t: its name as written
-// in outboxdriver.Config.Table. One fixed channel per table keeps NOTIFY payloads
+// in the outbox package's Config.Table. One fixed channel per table keeps NOTIFY payloads
 // constant and avoids channel-name collisions between topics.
 func Channel(t outboxdriver.Table) string { return t.String() }
 
