@@ -6,6 +6,12 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/oncommit/oncommit v0.0.0
+	github.com/oncommit/oncommit/dialect/mysql v0.0.0
+	github.com/oncommit/oncommit/dialect/sqlite v0.0.0
+	github.com/riverqueue/river v0.51.2
+	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
+	github.com/vgarvardt/gue/v5 v5.8.0
+	golang.org/x/image v0.48.0
 	modernc.org/sqlite v1.62.0
 )
 
@@ -20,9 +26,7 @@ require (
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/oklog/ulid/v2 v2.1.2 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
-	github.com/riverqueue/river v0.51.2 // indirect
 	github.com/riverqueue/river/riverdriver v0.51.2 // indirect
-	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2 // indirect
 	github.com/riverqueue/river/rivershared v0.51.2 // indirect
 	github.com/riverqueue/river/rivertype v0.51.2 // indirect
 	github.com/tidwall/gjson v1.20.0 // indirect
@@ -30,11 +34,9 @@ require (
 	github.com/tidwall/pretty v1.2.1 // indirect
 	github.com/tidwall/sjson v1.2.5 // indirect
 	github.com/vgarvardt/backoff v1.0.0 // indirect
-	github.com/vgarvardt/gue/v5 v5.8.0 // indirect
 	go.opentelemetry.io/otel v1.35.0 // indirect
 	go.opentelemetry.io/otel/metric v1.35.0 // indirect
 	go.opentelemetry.io/otel/trace v1.35.0 // indirect
-	golang.org/x/image v0.48.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
@@ -43,4 +45,8 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 )
 
-replace github.com/oncommit/oncommit => ../
+replace (
+	github.com/oncommit/oncommit => ../
+	github.com/oncommit/oncommit/dialect/mysql => ../dialect/mysql
+	github.com/oncommit/oncommit/dialect/sqlite => ../dialect/sqlite
+)

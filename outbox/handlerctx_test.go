@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncommit/oncommit/adapters/sqltx"
-	"github.com/oncommit/oncommit/dialect/sqlite"
+	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -19,14 +18,10 @@ type ctxKey struct{}
 // it finish), and is cancelled when the grace period is over, including
 // for a handler that a timeout derived from it would otherwise outlive.
 func TestHandlerContext(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	db := openExampleDB(ctx)
-	defer db.Close()
-	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ShutdownGrace: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	e := newEnv(t, outbox.Config{})
+	r, err := e.ob.Relay(pgxtx.FromPool(pool(t)), outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ShutdownGrace: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,13 +53,7 @@ func TestHandlerContext(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	tx, _ := db.BeginTx(ctx, nil)
-	if _, err := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	publishN(t, e, pool(t), 1, outbox.Message{Topic: "t"})
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 	<-started

@@ -2,28 +2,24 @@ package sqltx
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"path/filepath"
 	"testing"
 
-	_ "modernc.org/sqlite"
+	"github.com/oncommit/oncommit/internal/pgtest"
 )
 
 // TestQueryPrepared: statements are prepared once and reused, at most
 // maxPrepared are kept (the rest still run, unprepared), and a kept
 // statement still runs after the table it reads changes.
 func TestQueryPrepared(t *testing.T) {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "p.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := pgtest.Open(t, "pgx")
+	schema := pgtest.Schema(t)
 	ctx := context.Background()
-	if _, err := db.Exec(`CREATE TABLE t (a INTEGER)`); err != nil {
+	tbl := schema + ".t"
+	if _, err := db.Exec(`CREATE TABLE ` + tbl + ` (a INTEGER)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(`INSERT INTO t VALUES (1), (2), (3)`); err != nil {
+	if _, err := db.Exec(`INSERT INTO ` + tbl + ` VALUES (1), (2), (3)`); err != nil {
 		t.Fatal(err)
 	}
 	p := FromDB(db)
@@ -43,7 +39,7 @@ func TestQueryPrepared(t *testing.T) {
 		}
 		return n
 	}
-	q := `SELECT a FROM t WHERE a >= ?`
+	q := `SELECT a FROM ` + tbl + ` WHERE a >= $1`
 	if count(q, 2) != 2 || count(q, 1) != 3 {
 		t.Fatal("wrong rows")
 	}
@@ -52,14 +48,14 @@ func TestQueryPrepared(t *testing.T) {
 	if again, _ := p.stmts.Load(q); again != first || p.prepared.Load() != 1 {
 		t.Fatalf("statement not reused: %d kept", p.prepared.Load())
 	}
-	if _, err := db.Exec(`ALTER TABLE t ADD COLUMN b TEXT`); err != nil {
+	if _, err := db.Exec(`ALTER TABLE ` + tbl + ` ADD COLUMN b TEXT`); err != nil {
 		t.Fatal(err)
 	}
 	if count(q, 1) != 3 {
 		t.Fatal("wrong rows after the table changed")
 	}
 	for i := range maxPrepared + 10 {
-		if n := count(fmt.Sprintf(`SELECT a FROM t WHERE a >= ? AND %d = %d`, i, i), 1); n != 3 {
+		if n := count(fmt.Sprintf(`SELECT a FROM %s WHERE a >= $1 AND %d = %d`, tbl, i, i), 1); n != 3 {
 			t.Fatalf("query %d: %d rows", i, n)
 		}
 	}

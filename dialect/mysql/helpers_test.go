@@ -7,7 +7,7 @@ import (
 
 	"github.com/oncommit/oncommit/dialect/mysql"
 	"github.com/oncommit/oncommit/internal/dialecttest"
-	"github.com/oncommit/oncommit/internal/mysqltest"
+	"github.com/oncommit/oncommit/dialect/mysql/internal/mysqltest"
 	"github.com/oncommit/oncommit/outbox"
 )
 

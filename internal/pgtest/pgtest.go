@@ -2,7 +2,8 @@
 //
 // The server comes from OUTBOX_TEST_POSTGRES_URL; else the local default
 // postgres://postgres@127.0.0.1:5432/test; else a container started through
-// ory/dockertest when a Docker engine answers; else the test is skipped with a
+// ory/dockertest when a Docker engine answers (run as a separate program,
+// internal/dockerdb, a module of its own); else the test is skipped with a
 // message saying how to provide one. Under CI=true a missing server fails the
 // test instead.
 //
@@ -14,12 +15,19 @@
 package pgtest
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,8 +35,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	_ "github.com/lib/pq"              // registers "postgres"
-	"github.com/ory/dockertest/v3"
-	"github.com/ory/dockertest/v3/docker"
 )
 
 // DefaultURL is the local server tried when OUTBOX_TEST_POSTGRES_URL is unset.
@@ -120,33 +126,41 @@ func find() {
 	baseURL, admin = u, db
 }
 
-// fromDocker starts postgres:15 through dockertest when an engine answers.
+// dockerdb keeps the fallback's process (and so its container) alive for
+// as long as the test binary runs: its standard input closes when the
+// binary exits.
+var dockerdb io.WriteCloser
+
+// fromDocker starts postgres:15 through ory/dockertest when an engine
+// answers, by running internal/dockerdb, a module of its own, so that the
+// library's module graph carries no Docker client: the harness needs the
+// source tree and the go command for this fallback, as it runs tests.
 func fromDocker() (string, error) {
-	pool, err := dockertest.NewPool("")
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate internal/dockerdb")
+	}
+	cmd := exec.Command("go", "run", ".", "postgres")
+	cmd.Dir = filepath.Join(filepath.Dir(self), "..", "dockerdb")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		return "", err
 	}
-	if err := pool.Client.Ping(); err != nil {
-		return "", err
-	}
-	res, err := pool.RunWithOptions(&dockertest.RunOptions{
-		Repository: "postgres", Tag: "15",
-		Env: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
-	}, func(hc *docker.HostConfig) { hc.AutoRemove = true })
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", err
 	}
-	_ = res.Expire(900) // the engine removes it even if the test binary dies
-	u := fmt.Sprintf("postgres://postgres@%s/test?sslmode=disable", res.GetHostPort("5432/tcp"))
-	pool.MaxWait = 60 * time.Second
-	err = pool.Retry(func() error {
-		db, err := ping(u)
-		if err == nil {
-			db.Close()
-		}
-		return err
-	})
-	return u, err
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Wait()
+		return "", fmt.Errorf("dockertest fallback (internal/dockerdb) gave no server: %w", err)
+	}
+	dockerdb = in
+	return strings.TrimSpace(line), nil
 }
 
 // URL returns the server's URL, or skips (fails under CI=true) the test.
