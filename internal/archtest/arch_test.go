@@ -32,8 +32,8 @@ func TestArrows(t *testing.T) {
 	dialects := []string{mod + "/dialect/postgres", mod + "/dialect/sqlite", mod + "/dialect/mysql"}
 	adapters := []string{mod + "/adapters/sqltx", mod + "/adapters/pgxtx"}
 	never := map[string][]string{
-		mod + "/outbox":       append(append([]string{"github.com/jackc/", "github.com/lib/pq", "modernc.org/", "github.com/go-sql-driver/"}, dialects...), adapters...),
-		mod + "/outboxdriver": {mod + "/outbox", mod + "/adapters/", mod + "/dialect/", mod + "/internal/"},
+		mod + "/outbox":         append(append([]string{"github.com/jackc/", "github.com/lib/pq", "modernc.org/", "github.com/go-sql-driver/"}, dialects...), adapters...),
+		mod + "/outboxdriver":   {mod + "/outbox", mod + "/adapters/", mod + "/dialect/", mod + "/internal/"},
 		mod + "/adapters/sqltx": append([]string{mod + "/outbox", "github.com/jackc/", "modernc.org/", "github.com/go-sql-driver/", "github.com/lib/pq"}, dialects...),
 		mod + "/adapters/pgxtx": append([]string{mod + "/outbox"}, dialects...),
 	}
