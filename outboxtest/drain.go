@@ -69,9 +69,12 @@ type Attempt struct {
 // cfg has, and its PollInterval, when zero, to DrainPollInterval.
 //
 // Messages that are not due (delayed, or retried after a backoff) and
-// messages of topics without a handler are left in the table; a message
-// whose handler fails is attempted once and reported as Retried, unless a
-// short RetryBase makes it due again before Drain is done. Drain returns
+// messages of topics without a handler are left in the table. A message
+// whose handler fails is reported as Retried, and attempted again within
+// the same Drain if its retry falls due before Drain is done: with the
+// default full jitter a backoff can be near zero, so a test that expects
+// one attempt sets RetryJitter to new(0.0) and a RetryBase longer than the
+// test. Drain returns
 // an error when the relay cannot be built or started (such as
 // [outbox.ErrNoHandlers] or [outbox.ErrTableMissing]) and, with the
 // attempts made so far, when ctx ends first.
