@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"testing"
 
+	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/dialecttest"
 )
 
@@ -17,3 +18,7 @@ func TestOutboxtest(t *testing.T) {
 		})
 	}
 }
+
+// TestOutboxtestSqlmock proves outboxtest's sqlmock expectations on the
+// PostgreSQL dialect.
+func TestOutboxtestSqlmock(t *testing.T) { dialecttest.RunSqlmockKit(t, postgres.Dialect()) }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxtest"
 )
@@ -179,5 +181,75 @@ func published(t *testing.T, e *env) {
 	}
 	if got, err := outboxtest.Published(ctx, e.ob, e.DB, "order.placed"); err != nil || len(got) != 0 {
 		t.Fatalf("published again: %+v %v", got, err)
+	}
+}
+
+// RunSqlmockKit proves package outboxtest's sqlmock expectations on
+// dialect d, without a database, under both of sqlmock's query matchers:
+// a plain and a deduplicated publish (two statements on MySQL), a
+// duplicate, a statement failing in the database, and a NotBefore from
+// the clock in the dialect's own argument form.
+func RunSqlmockKit(t *testing.T, d outbox.Dialect) {
+	ob, err := outbox.New(d, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lost := errors.New("connection reset by peer")
+	msg := func(dedup string, at time.Time) outbox.Message {
+		return outbox.Message{Topic: "order.placed", Key: "A-1", DedupKey: dedup, NotBefore: at,
+			Payload: []byte(`{"total": 3, "order_id": "A-1"}`)}
+	}
+	expected := func(dedup string, at time.Time) outbox.Message {
+		m := msg(dedup, at)
+		m.Payload = outboxtest.JSON(orderPlaced{OrderID: "A-1", Total: 3})
+		return m
+	}
+	for _, qm := range []struct {
+		name string
+		m    sqlmock.QueryMatcher
+	}{{"regexp", sqlmock.QueryMatcherRegexp}, {"equal", sqlmock.QueryMatcherEqual}} {
+		for _, dedup := range []string{"", "order.placed/A-1"} {
+			t.Run(fmt.Sprintf("%s/dedup=%t", qm.name, dedup != ""), func(t *testing.T) {
+				db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(qm.m))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				later := time.Now().Add(time.Hour)
+				mock.ExpectBegin()
+				outboxtest.ExpectPublish(mock, ob, expected(dedup, time.Time{}))
+				outboxtest.ExpectPublish(mock, ob, expected(dedup, later))
+				if dedup != "" {
+					outboxtest.ExpectPublishDuplicate(mock, ob, expected(dedup, time.Time{}))
+				}
+				outboxtest.ExpectPublishError(mock, ob, lost, expected(dedup, time.Time{}))
+				mock.ExpectRollback()
+
+				tx, err := db.Begin()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, at := range []time.Time{{}, time.Now().Add(time.Hour)} {
+					if res, err := ob.Publish(ctx, sqltx.From(tx), msg(dedup, at)); err != nil || res.Duplicate {
+						t.Fatalf("publish %d: %+v %v", i, res, err)
+					}
+				}
+				if dedup != "" {
+					if res, err := ob.Publish(ctx, sqltx.From(tx), msg(dedup, time.Time{})); err != nil || !res.Duplicate {
+						t.Fatalf("duplicate: %+v %v", res, err)
+					}
+				}
+				if _, err := ob.Publish(ctx, sqltx.From(tx), msg(dedup, time.Time{})); !errors.Is(err, lost) {
+					t.Fatalf("failing publish: %v", err)
+				}
+				if err := tx.Rollback(); err != nil {
+					t.Fatal(err)
+				}
+				if err := mock.ExpectationsWereMet(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
