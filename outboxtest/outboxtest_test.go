@@ -2,6 +2,10 @@ package outboxtest_test
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -88,4 +92,190 @@ func TestExpectations(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// matchers are sqlmock's two query matchers: ExpectPublish must work
+// under both.
+var matchers = []struct {
+	name string
+	opt  sqlmock.QueryMatcher
+}{{"regexp", sqlmock.QueryMatcherRegexp}, {"equal", sqlmock.QueryMatcherEqual}}
+
+func newMock(t *testing.T, m sqlmock.QueryMatcher) (*sql.DB, sqlmock.Sqlmock) {
+	t.Helper()
+	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db, mock
+}
+
+type placed struct {
+	OrderID string   `json:"order_id"`
+	Total   float64  `json:"total"`
+	Items   []string `json:"items"`
+}
+
+// TestExpectPublishIgnoresIdsAndBytes: under both query matchers, an
+// expectation built from a Go value matches the publish of a payload with
+// other bytes (member order, spacing, 2.50 against 2.5), any generated id,
+// and a NotBefore computed from a later time.Now(); a different payload,
+// key or NotBefore does not match.
+func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
+	ctx := context.Background()
+	sent := outbox.Message{
+		Topic: "order.placed", Key: "A-1",
+		Payload: []byte(`{ "items": ["x", "y"], "total": 2.50, "order_id": "A-1" }`),
+		Headers: map[string]string{"trace": "t1", "type": "json"},
+	}
+	want := sent
+	want.Payload = outboxtest.JSON(placed{OrderID: "A-1", Total: 2.5, Items: []string{"x", "y"}})
+	want.Headers = map[string]string{"type": "json", "trace": "t1"}
+	dedup := func(m outbox.Message) outbox.Message { m.DedupKey = "order.placed/A-1"; return m }
+	at := func(m outbox.Message, t time.Time) outbox.Message { m.NotBefore = t; return m }
+	other := func(f func(m *outbox.Message)) outbox.Message { m := sent; f(&m); return m }
+
+	for _, mt := range matchers {
+		for _, notify := range []outbox.NotifyMode{outbox.NotifyAuto, outbox.NotifyOff} {
+			ob, err := outbox.New(postgres.Dialect(), outbox.Config{Notify: notify})
+			if err != nil {
+				t.Fatal(err)
+			}
+			expected := at(want, time.Now().Add(time.Hour))
+			for _, tc := range []struct {
+				name  string
+				want  []outbox.Message
+				sent  []outbox.Message
+				match bool
+			}{
+				{"one", []outbox.Message{want}, []outbox.Message{sent}, true},
+				{"dedup", []outbox.Message{dedup(want)}, []outbox.Message{dedup(sent)}, true},
+				{"batch", []outbox.Message{want, dedup(want)}, []outbox.Message{sent, dedup(sent)}, true},
+				{"NotBefore from the clock", []outbox.Message{expected}, []outbox.Message{at(sent, time.Now().Add(time.Hour))}, true},
+				{"NotBefore a minute off", []outbox.Message{expected}, []outbox.Message{at(sent, time.Now().Add(time.Hour+time.Minute))}, false},
+				{"other payload", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Payload = []byte(`{"order_id":"A-1","total":2.51,"items":["x","y"]}`) })}, false},
+				{"other item order", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Payload = []byte(`{"order_id":"A-1","total":2.5,"items":["y","x"]}`) })}, false},
+				{"other header", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Headers = map[string]string{"trace": "t2", "type": "json"} })}, false},
+				{"other key", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Key = "A-2" })}, false},
+			} {
+				t.Run(fmt.Sprintf("%s/notify%d/%s", mt.name, notify, tc.name), func(t *testing.T) {
+					db, mock := newMock(t, mt.opt)
+					mock.ExpectBegin()
+					outboxtest.ExpectPublish(mock, ob, tc.want...)
+					mock.ExpectCommit()
+					tx, err := db.Begin()
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, err = ob.PublishBatch(ctx, sqltx.From(tx), tc.sent)
+					if !tc.match {
+						if err == nil {
+							t.Fatal("published message matched a different expectation")
+						}
+						return
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						t.Fatal(err)
+					}
+					if err := mock.ExpectationsWereMet(); err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestExpectPublishError: under both query matchers, with and without a
+// DedupKey, Publish returns an error wrapping the one the database gave,
+// and Duplicate is reported under QueryMatcherEqual too.
+func TestExpectPublishError(t *testing.T) {
+	ctx := context.Background()
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := errors.New("connection reset by peer")
+	for _, mt := range matchers {
+		for _, msg := range []outbox.Message{
+			{Topic: "a", Payload: outboxtest.JSON(map[string]int{"n": 1})},
+			{Topic: "a", Payload: outboxtest.JSON(map[string]int{"n": 1}), DedupKey: "a/1"},
+		} {
+			t.Run(mt.name+"/dedup="+msg.DedupKey, func(t *testing.T) {
+				db, mock := newMock(t, mt.opt)
+				mock.ExpectBegin()
+				outboxtest.ExpectPublishError(mock, ob, lost, msg)
+				mock.ExpectRollback()
+				tx, _ := db.Begin()
+				_, err := ob.Publish(ctx, sqltx.From(tx), msg)
+				if !errors.Is(err, lost) {
+					t.Fatalf("publish: %v, want an error wrapping %v", err, lost)
+				}
+				_ = tx.Rollback()
+				if err := mock.ExpectationsWereMet(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+		t.Run(mt.name+"/duplicate", func(t *testing.T) {
+			msg := outbox.Message{Topic: "a", DedupKey: "a/1"}
+			db, mock := newMock(t, mt.opt)
+			mock.ExpectBegin()
+			outboxtest.ExpectPublishDuplicate(mock, ob, msg)
+			tx, _ := db.Begin()
+			res, err := ob.Publish(ctx, sqltx.From(tx), msg)
+			if err != nil || !res.Duplicate {
+				t.Fatalf("%+v %v", res, err)
+			}
+			if err := mock.ExpectationsWereMet(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestAnyID(t *testing.T) {
+	id := outbox.NewID().String()
+	for _, tc := range []struct {
+		v    driver.Value
+		want bool
+	}{
+		{id, true}, {[]byte(id), true},
+		{strings.ToUpper(id), false}, // not the one text form
+		{outbox.ID{}.String(), false},
+		{"order-1", false}, {"", false}, {int64(1), false}, {nil, false},
+	} {
+		if got := outboxtest.AnyID().Match(tc.v); got != tc.want {
+			t.Errorf("AnyID().Match(%#v) = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+}
+
+func TestJSONEq(t *testing.T) {
+	for _, tc := range []struct {
+		want any
+		got  driver.Value
+		eq   bool
+	}{
+		{map[string]any{"a": 1, "b": []int{1, 2}}, `{"b":[1,2],"a":1}`, true},
+		{map[string]any{"a": 1}, []byte(" {\n\"a\" : 1.0 } "), true},
+		{map[string]any{"a": 1}, `{"a":1e0}`, true},
+		{[]byte(`{"n": 12345678901234567890}`), `{"n":12345678901234567890}`, true},
+		{[]byte(`{"n": 12345678901234567890}`), `{"n":12345678901234567891}`, false}, // float64 would call these equal
+		{map[string]any{"a": 1}, `{"a":1,"b":2}`, false},
+		{map[string]any{"a": 1, "b": nil}, `{"a":1}`, false},
+		{[]int{1, 2}, `[2,1]`, false},
+		{"x", `"x"`, true}, // a string want is a Go value
+		{map[string]any{"a": 1}, `{"a":1} {}`, false},
+		{map[string]any{"a": 1}, `{"a":`, false},
+		{map[string]any{"a": 1}, int64(1), false},
+	} {
+		if got := outboxtest.JSONEq(tc.want).Match(tc.got); got != tc.eq {
+			t.Errorf("JSONEq(%v).Match(%v) = %v, want %v", tc.want, tc.got, got, tc.eq)
+		}
+	}
 }

@@ -1,0 +1,243 @@
+package outboxtest
+
+import (
+	"database/sql/driver"
+	"reflect"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// NotBeforeTolerance is how far a published Message.NotBefore may be from
+// the expected one for [ExpectPublish] to match, so that code computing it
+// from time.Now() is matched by an expectation computed from time.Now()
+// too. Delay is matched exactly.
+const NotBeforeTolerance = 5 * time.Second
+
+// ExpectPublish registers on mock the statement that ob.Publish (one
+// message) or ob.PublishBatch (several) sends for msgs, answering that
+// every message was stored. The arguments must be those of msgs, except
+// that:
+//   - the generated ids match any id ([AnyID]);
+//   - Payload and Headers match when equal as JSON ([JSONEq]): build the
+//     expected payload from a Go value with [JSON];
+//   - NotBefore matches within [NotBeforeTolerance].
+//
+// Publish sends the statement with ExecContext (an ExpectExec) when no
+// message has a DedupKey, and with QueryContext (an ExpectQuery, answering
+// with the stored ids) when one has, since only then does it need the ids
+// back. On MySQL, where the INSERT cannot return ids, a message with a
+// DedupKey makes it an ExpectExec of the INSERT followed by an ExpectQuery
+// of the statement that lists the stored ids (outbox.Statement.StoredQuery).
+//
+// The statement is matched literally under both of sqlmock's query
+// matchers, sqlmock.QueryMatcherRegexp (the default) and
+// sqlmock.QueryMatcherEqual, which ExpectPublish tells apart on a mock
+// made by sqlmock.New; on a mock with another matcher it writes the
+// regular expression. With Config.NotifyInterval set, whether a publish
+// notifies depends on timing: under QueryMatcherRegexp the expectation
+// accepts the statement with and without the NOTIFY
+// (outbox.Statement.QuietQuery); under QueryMatcherEqual it expects the
+// notifying one, so leave NotifyInterval unset in such tests.
+//
+// If a message is invalid, the expectation answers with Publish's
+// validation error instead; since Publish refuses such a message without
+// sending SQL, the expectation then stays unmet and
+// mock.ExpectationsWereMet reports it. To test code that handles a
+// refused message, register no expectation for its publish.
+func ExpectPublish(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) {
+	expect(mock, ob, msgs, answerStored, nil)
+}
+
+// ExpectPublishDuplicate is [ExpectPublish] answering that every message
+// was a duplicate (its DedupKey already stored): Publish reports
+// Result.Duplicate. Every message must have a DedupKey.
+func ExpectPublishDuplicate(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs ...outbox.Message) {
+	expect(mock, ob, msgs, answerDuplicate, nil)
+}
+
+// ExpectPublishError is [ExpectPublish] answering that the publish
+// statement failed in the database with err (a lost connection, a
+// serialization failure, a constraint of the caller's schema...): Publish
+// returns an error wrapping err, and the caller is expected to roll back.
+func ExpectPublishError(mock sqlmock.Sqlmock, ob *outbox.Outbox, err error, msgs ...outbox.Message) {
+	expect(mock, ob, msgs, answerError, err)
+}
+
+type answer int
+
+const (
+	answerStored answer = iota
+	answerDuplicate
+	answerError
+)
+
+func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans answer, dbErr error) {
+	equal := matchesEqual(mock)
+	literal := func(query string) string {
+		if equal {
+			return query
+		}
+		return "^" + regexp.QuoteMeta(query) + "$"
+	}
+	st, err := ob.PublishSQL(msgs...)
+	if err != nil {
+		mock.ExpectExec(literal("outboxtest: no statement: " + err.Error())).WillReturnError(err)
+		return
+	}
+	args := argMatchers(ob, msgs, st)
+	rows := sqlmock.NewRows([]string{"id"})
+	if ans == answerStored {
+		for _, id := range st.IDs {
+			rows.AddRow(id.String())
+		}
+	}
+	dedup := slices.ContainsFunc(msgs, func(m outbox.Message) bool { return m.DedupKey != "" })
+	query := literal(st.Query)
+	if st.QuietQuery != "" && !equal {
+		// Config.NotifyInterval: the publish notifies or not, by timing.
+		query = "^(?:" + regexp.QuoteMeta(st.Query) + "|" + regexp.QuoteMeta(st.QuietQuery) + ")$"
+	}
+	if !dedup || st.StoredQuery != "" {
+		// An Exec; on MySQL with a DedupKey, followed by the query for the
+		// ids it stored.
+		e := mock.ExpectExec(query).WithArgs(args...)
+		if ans == answerError {
+			e.WillReturnError(dbErr)
+			return
+		}
+		e.WillReturnResult(sqlmock.NewResult(0, int64(len(msgs))))
+		if st.StoredQuery == "" {
+			return
+		}
+		ids := make([]driver.Value, len(st.StoredArgs))
+		for i := range ids {
+			ids[i] = AnyID() // generated ids
+		}
+		mock.ExpectQuery(literal(st.StoredQuery)).WithArgs(ids...).WillReturnRows(rows)
+		return
+	}
+	e := mock.ExpectQuery(query).WithArgs(args...)
+	if ans == answerError {
+		e.WillReturnError(dbErr)
+		return
+	}
+	e.WillReturnRows(rows)
+}
+
+// argMatchers returns the expected arguments of st, the statement for
+// msgs: the generated ids replaced by AnyID, the JSON columns by JSONEq and
+// the NotBefore instants by a range of NotBeforeTolerance either side. The
+// arguments of each kind are found by building the statement again with
+// only that kind of value changed, so no dialect's argument layout is
+// assumed.
+func argMatchers(ob *outbox.Outbox, msgs []outbox.Message, st outbox.Statement) []driver.Value {
+	args := make([]driver.Value, len(st.Args))
+	ids := make(map[string]bool, len(st.IDs))
+	for _, id := range st.IDs {
+		ids[id.String()] = true
+	}
+	isID := make([]bool, len(st.Args))
+	for i, a := range st.Args {
+		args[i] = a
+		if s, ok := a.(string); ok && ids[s] {
+			args[i], isID[i] = AnyID(), true
+		}
+	}
+	// changed rebuilds the statement with change applied to a copy of each
+	// message and returns the arguments, or nil when it cannot.
+	changed := func(change func(m *outbox.Message)) []any {
+		probe := slices.Clone(msgs)
+		for i := range probe {
+			change(&probe[i])
+		}
+		p, err := ob.PublishSQL(probe...)
+		if err != nil || len(p.Args) != len(st.Args) {
+			return nil
+		}
+		return p.Args
+	}
+	// JSON columns: the same documents with a trailing space, and one
+	// more header.
+	if probe := changed(func(m *outbox.Message) {
+		if len(m.Payload) > 0 {
+			m.Payload = append(slices.Clip(m.Payload), ' ')
+		}
+		if len(m.Headers) > 0 {
+			h := make(map[string]string, len(m.Headers)+1)
+			for k, v := range m.Headers {
+				h[k] = v
+			}
+			h["outboxtest.probe"] += "probe" // differs whatever the message has
+			m.Headers = h
+		}
+	}); probe != nil {
+		for i := range args {
+			if !isID[i] && !reflect.DeepEqual(probe[i], st.Args[i]) {
+				args[i] = jsonArg(st.Args[i])
+			}
+		}
+	}
+	shift := func(d time.Duration) []any {
+		return changed(func(m *outbox.Message) {
+			if !m.NotBefore.IsZero() {
+				m.NotBefore = m.NotBefore.Add(d)
+			}
+		})
+	}
+	if slices.ContainsFunc(msgs, func(m outbox.Message) bool { return !m.NotBefore.IsZero() }) {
+		lo, hi := shift(-NotBeforeTolerance), shift(NotBeforeTolerance)
+		if lo != nil && hi != nil {
+			for i := range args {
+				if !isID[i] && !reflect.DeepEqual(lo[i], st.Args[i]) {
+					args[i] = between{lo[i], hi[i]}
+				}
+			}
+		}
+	}
+	return args
+}
+
+// matchesEqual reports whether mock, made by sqlmock.New, matches queries
+// with sqlmock.QueryMatcherEqual. sqlmock does not export its matcher, so
+// this compares the function in its unexported field with
+// QueryMatcherEqual's; any other mock is taken to match with regular
+// expressions, the default.
+func matchesEqual(mock sqlmock.Sqlmock) bool {
+	v := reflect.ValueOf(mock)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return false
+	}
+	f := v.Elem().FieldByName("queryMatcher")
+	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
+		return false
+	}
+	m, eq := f.Elem(), reflect.ValueOf(sqlmock.QueryMatcherEqual)
+	return m.Kind() == reflect.Func && eq.Kind() == reflect.Func && m.Pointer() == eq.Pointer()
+}
+
+// between matches an argument from lo to hi, of their type: an instant as
+// time.Time, as text (a date and time from the year down, ordered as text)
+// or as a number.
+type between struct{ lo, hi any }
+
+func (b between) Match(v driver.Value) bool {
+	switch lo := b.lo.(type) {
+	case time.Time:
+		t, ok := v.(time.Time)
+		return ok && !t.Before(lo) && !t.After(b.hi.(time.Time))
+	case string:
+		s, ok := v.(string)
+		return ok && s >= lo && s <= b.hi.(string)
+	case int64:
+		n, ok := v.(int64)
+		return ok && n >= lo && n <= b.hi.(int64)
+	case float64:
+		n, ok := v.(float64)
+		return ok && n >= lo && n <= b.hi.(float64)
+	}
+	return false
+}
