@@ -129,7 +129,7 @@ func find() {
 // dockerdb keeps the fallback's process (and so its container) alive for
 // as long as the test binary runs: its standard input closes when the
 // binary exits.
-var dockerdb io.WriteCloser
+var dockerdb []io.WriteCloser
 
 // fromDocker starts postgres:15 through ory/dockertest when an engine
 // answers, by running internal/dockerdb, a module of its own, so that the
@@ -159,7 +159,7 @@ func fromDocker() (string, error) {
 		_ = cmd.Wait()
 		return "", fmt.Errorf("dockertest fallback (internal/dockerdb) gave no server: %w", err)
 	}
-	dockerdb = in
+	dockerdb = append(dockerdb, in)
 	return strings.TrimSpace(line), nil
 }
 
