@@ -3,9 +3,12 @@
 // postgres/0001_init.down.sql, ...).
 //
 // The files name the table "outbox" and its indexes "outbox_*". They are
-// plain SQL, usable as they are by goose, golang-migrate or atlas: point
-// the tool at [Postgres], [SQLite] or [MySQL] (or copy the files). To apply
-// them from Go, under a lock and with a custom table name, use the
+// plain SQL in golang-migrate's layout (NNNN_name.up.sql and
+// NNNN_name.down.sql), which golang-migrate applies as they are from a copy
+// of the folder. goose wants one file per version with "-- +goose Up" and
+// "-- +goose Down" annotations and refuses these (duplicate version 1);
+// docs/operations.md shows how to join each pair into a goose file. To
+// apply them from Go, under a lock and with a custom table name, use the
 // dialect's Migrate helper (postgres.Migrate, sqlite.Migrate,
 // mysql.Migrate), which reads them through [Load].
 package migrations

@@ -24,13 +24,17 @@
 // failure is (ErrTxDone, ErrTxAborted, ErrNotInTransaction, ...).
 //
 // Every replica may run a [Relay] ([Outbox.Relay]): it claims due messages
-// with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL), runs the handler of
+// with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL and MySQL/MariaDB,
+// SQLite's write lock on SQLite), runs the handler of
 // each topic outside any transaction, renews the lease while the handler runs,
 // and writes the outcome fenced by the attempt number: done, retry with
 // backoff, or dead letter. [HandleJSON] decodes payloads into a Go type.
 // [Outbox.Stats], [Outbox.Redrive] and [Outbox.Purge] are the operations.
 //
-// The package holds no SQL: dialect packages (dialect/postgres,
-// dialect/sqlite) supply it through the [Dialect] interface, and adapter
-// packages (adapters/sqltx, adapters/pgxtx) wrap the drivers' transactions.
+// The package holds no SQL: dialect packages (dialect/postgres for
+// PostgreSQL, dialect/sqlite for SQLite, dialect/mysql for MySQL 8.0.13+ and
+// MariaDB 10.6+) supply it through the [Dialect] interface, and adapter
+// packages (adapters/sqltx for database/sql, adapters/pgxtx for pgx v5) wrap
+// the drivers' transactions. Only PostgreSQL has notifications; relays on
+// the other dialects poll.
 package outbox

@@ -2,9 +2,11 @@
 // text.
 //
 // Use it through database/sql with github.com/go-sql-driver/mysql and
-// adapters/sqltx. It needs FOR UPDATE SKIP LOCKED: MySQL 8.0.1+ or
-// MariaDB 10.6+. It is tested on MariaDB 10.11 and written to hold on
-// MySQL 8 (docs/dialects.md says what was verified where).
+// adapters/sqltx. It needs MySQL 8.0.13+ or MariaDB 10.6+: FOR UPDATE SKIP
+// LOCKED came in MySQL 8.0.1 and MariaDB 10.6, and the migrations' expression
+// defaults, DEFAULT (UTC_TIMESTAMP(6)), in MySQL 8.0.13. It is tested on
+// MariaDB 10.11 and written to hold on MySQL 8 (docs/dialects.md says what
+// was verified where).
 //
 // Publish stores messages with one INSERT on the caller's transaction. With
 // a DedupKey it is INSERT ... ON DUPLICATE KEY UPDATE id = id, which skips a

@@ -1,6 +1,7 @@
 -- oncommit: the message table, its claim index and its dedup index.
--- Usable as-is by goose, golang-migrate or atlas with the default table name;
--- the Migrate helper of dialect/postgres renames the table when configured.
+-- Usable as-is by golang-migrate with the default table name (goose needs
+-- its annotations: docs/operations.md, Migrations); the Migrate helper of
+-- dialect/postgres renames the table when configured.
 CREATE TABLE outbox (
     id           uuid        PRIMARY KEY,
     topic        text        NOT NULL,
