@@ -15,7 +15,12 @@ const (
 	DefaultTable           = outboxdriver.DefaultTable
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultMaxBatch        = 1000
+	DefaultNotifyInterval  = 5 * time.Millisecond
 )
+
+// NotifyEvery, as Config.NotifyInterval, notifies on every publish instead
+// of coalescing notifications.
+const NotifyEvery time.Duration = -1
 
 // NotifyMode says whether Publish sends a wake-up notification with the
 // INSERT, so relays react within milliseconds instead of at their next poll.
@@ -45,23 +50,23 @@ type Config struct {
 	// caller's transaction. Defaults to NotifyAuto.
 	Notify NotifyMode
 
-	// NotifyInterval, when positive, coalesces notifications: the Outbox
-	// sends at most one per NotifyInterval, and a Publish within the
-	// interval after one that notified sends its INSERT without NOTIFY.
-	// The notification that was sent asks the relays it wakes to claim
-	// again NotifyInterval later, and again while such follow-up claims
-	// find messages, so the messages of the silent publishes are found
-	// within about NotifyInterval of their commit when their transactions
-	// commit within about NotifyInterval of the notifying one. A silent
-	// publish whose transaction commits later, or whose notifying
-	// publish rolled back, waits for the next notification or the relay's
-	// poll (RelayConfig.PollInterval).
+	// NotifyInterval coalesces notifications: the Outbox sends at most one
+	// per NotifyInterval, and a Publish within the interval after one that
+	// notified sends its INSERT without NOTIFY (a silent publish). The
+	// notification that is sent asks the relays it wakes to keep claiming
+	// at short intervals for a while: every NotifyInterval at first, then
+	// at intervals that grow with the time since the wake-up (an eighth of
+	// it) until they reach the relay's PollInterval. So a silent publish
+	// whose transaction commits t after the notifying one's is claimed
+	// within about max(NotifyInterval, t/8) of its commit. A silent publish
+	// whose notifying publish rolled back, with no other notification
+	// near, waits for the relay's poll (RelayConfig.PollInterval).
 	//
 	// Why: PostgreSQL serialises the commits of all transactions that
 	// notified (one lock, held through the commit's WAL flush), so with
 	// many concurrent producers every publish notifying caps the commit
-	// rate near that of one producer. 5ms is a good value there. Zero, the
-	// default, notifies on every publish.
+	// rate near that of one producer. NotifyEvery notifies on every
+	// publish. Defaults to DefaultNotifyInterval (5ms).
 	NotifyInterval time.Duration
 
 	// MaxPayloadBytes bounds Message.Payload. Defaults to
@@ -150,14 +155,17 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	if notify && len(table.String()) > 63 {
 		return nil, &ConfigError{Field: "Table", Reason: "longer than 63 bytes, too long to be the notification channel; shorten it or set Notify to NotifyOff"}
 	}
-	if cfg.NotifyInterval < 0 {
-		return nil, &ConfigError{Field: "NotifyInterval", Reason: "must not be negative"}
+	switch {
+	case cfg.NotifyInterval == 0:
+		cfg.NotifyInterval = DefaultNotifyInterval
+	case cfg.NotifyInterval < 0 && cfg.NotifyInterval != NotifyEvery:
+		return nil, &ConfigError{Field: "NotifyInterval", Reason: "must not be negative (NotifyEvery notifies on every publish)"}
 	}
 	o := &Outbox{d: d, caps: caps, table: table, depth: MaxPayloadDepth, cfg: cfg, epoch: time.Now()}
 	if caps.MaxJSONDepth > 0 {
 		o.depth = min(o.depth, caps.MaxJSONDepth)
 	}
-	o.lastNotify.Store(-int64(cfg.NotifyInterval)) // the first publish notifies
+	o.lastNotify.Store(-int64(max(cfg.NotifyInterval, 0))) // the first publish notifies
 	if notify {
 		o.wakeLoud.Send = true
 		if cfg.NotifyInterval > 0 {
@@ -167,8 +175,8 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	return o, nil
 }
 
-// wake decides whether this publish notifies: always when notifying
-// without NotifyInterval, else when no publish of this Outbox notified in
+// wake decides whether this publish notifies: always with NotifyEvery,
+// else when no publish of this Outbox notified in
 // the last NotifyInterval.
 func (o *Outbox) wake() outboxdriver.Wake {
 	if !o.wakeLoud.Send || o.cfg.NotifyInterval <= 0 {

@@ -254,12 +254,14 @@ func TestDedup(t *testing.T) {
 }
 
 // TestNotify: the wake-up is delivered on commit and never on rollback; with
-// NotifyOff none is sent; Publish sends one statement either way.
+// NotifyOff none is sent; Publish sends one statement either way. Every
+// publish notifies here (NotifyEvery): TestNotifyIntervalCoalesces covers
+// the default, coalesced notifications.
 func TestNotify(t *testing.T) {
 	for _, mode := range []outbox.NotifyMode{outbox.NotifyAuto, outbox.NotifyOff} {
 		t.Run(fmt.Sprint("mode", mode), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, outbox.Config{Notify: mode})
+			e := newEnv(t, outbox.Config{Notify: mode, NotifyInterval: outbox.NotifyEvery})
 			ctx := context.Background()
 			listener, channel := listenTo(t, e)
 			var tr countTracer

@@ -267,9 +267,10 @@ type Relay struct {
 	handlersCancelled bool
 
 	wake chan struct{} // a notification, a freed slot, a reconnect
-	// followUp is the largest follow-up delay asked by the notifications
+	// followUp is the largest follow-up step asked by the notifications
 	// (of coalescing publishers, see Config.NotifyInterval) received
-	// since the claim loop last looked, in nanoseconds.
+	// since the claim loop last looked, in nanoseconds: the claim loop
+	// then follows up (see nextFollowUp).
 	followUp atomic.Int64
 
 	// out holds the handlers' outcomes until they are written (see
@@ -517,7 +518,8 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	failures := 0
 	var retryAt time.Time   // while claims fail: no claim before this
 	full := false           // the last claim filled its limit: more may be due
-	var trail time.Duration // the follow-up delay in force, 0 for none
+	var trail time.Duration // the follow-up step in force, 0 for none
+	var woke time.Time      // with trail: when the relay was woken, or a follow-up last found messages
 	for {
 		if !full || free() < threshold {
 			select {
@@ -593,19 +595,26 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			retire(jobs)
 		}
 		if !full {
-			// A coalescing publisher's notification asks for a follow-up
-			// claim: publishes it made silent may commit just after this
-			// claim. Follow up again while follow-ups find messages.
+			// A coalescing publisher's notification asks for follow-up
+			// claims: publishes it made silent commit later, some as
+			// late as their transactions last. Follow up at short
+			// intervals that grow with the time since the wake-up (or
+			// since a follow-up last found messages), back to the poll
+			// interval (see nextFollowUp).
+			now := time.Now()
 			if d := time.Duration(r.followUp.Swap(0)); d > 0 {
-				trail = d
-			} else if len(claimed) == 0 {
-				trail = 0
+				trail, woke = d, now
+			} else if trail > 0 && len(claimed) > 0 {
+				woke = now
 			}
+			next := r.cfg.PollInterval
 			if trail > 0 {
-				resetTimer(poll, trail)
-			} else {
-				resetTimer(poll, r.cfg.PollInterval)
+				var hot bool
+				if next, hot = nextFollowUp(trail, now.Sub(woke), r.cfg.PollInterval); !hot {
+					trail = 0
+				}
 			}
+			resetTimer(poll, next)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -44,7 +45,8 @@ func TestConfigValidation(t *testing.T) {
 		{"batch over params", pg, Config{MaxBatch: 10000}, "MaxBatch"},
 		{"default batch over small params", quiet, Config{}, "MaxBatch"},
 		{"negative timeout", pg, Config{CommandTimeout: -1}, "CommandTimeout"},
-		{"negative notify interval", pg, Config{NotifyInterval: -1}, "NotifyInterval"},
+		{"negative notify interval", pg, Config{NotifyInterval: -5 * time.Millisecond}, "NotifyInterval"},
+		{"notify every publish", pg, Config{NotifyInterval: NotifyEvery}, ""},
 		{"unknown notify", pg, Config{Notify: 7}, "Notify"},
 		{"notify unsupported", quiet, Config{Notify: NotifyOn, MaxBatch: 10}, "-"},
 		{"notify auto without support", quiet, Config{MaxBatch: 10}, ""},

@@ -24,3 +24,30 @@ func followUp(payload string) time.Duration {
 	}
 	return time.Duration(us) * time.Microsecond
 }
+
+// wakeDecay sets how long a relay keeps claiming at short intervals after
+// a coalescing publisher's wake-up (see Config.NotifyInterval): after a
+// claim that did not fill its limit, it claims again after the follow-up
+// the notification asked for, or after an eighth of the time since the
+// wake-up (or since a follow-up claim last found messages), whichever is
+// longer, until that reaches its poll interval.
+//
+// A publish made silent by coalescing is found within about an eighth of
+// the time its transaction committed after the wake-up, so the longer
+// transactions that open the hole are covered too, and an idle relay
+// pays about 8 + 8.5*ln(PollInterval/(8*step)) claims per wake-up window
+// (54 with the defaults, over 8 s, where polling alone makes 8) instead
+// of one per step.
+const wakeDecay = 8
+
+// nextFollowUp returns the delay before a woken relay's next claim, given
+// the follow-up step the wake-up asked for and the time since the relay
+// was woken (or a follow-up last found messages); hot is false once that
+// delay reaches poll, when the relay is back to its poll interval.
+func nextFollowUp(step, since, poll time.Duration) (d time.Duration, hot bool) {
+	d = max(step, since/wakeDecay)
+	if d >= poll {
+		return poll, false
+	}
+	return d, true
+}

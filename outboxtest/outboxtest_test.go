@@ -94,6 +94,24 @@ func TestExpectations(t *testing.T) {
 	})
 }
 
+// TestExpectPublishEqualCoalescing: under QueryMatcherEqual an expectation
+// for a coalescing Outbox (the default on PostgreSQL) fails every time,
+// with a message that says what to set, instead of failing by timing.
+func TestExpectPublishEqualCoalescing(t *testing.T) {
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, mock := newMock(t, sqlmock.QueryMatcherEqual)
+	mock.ExpectBegin()
+	outboxtest.ExpectPublish(mock, ob, outbox.Message{Topic: "a"})
+	tx, _ := db.Begin()
+	_, err = ob.Publish(context.Background(), sqltx.From(tx), outbox.Message{Topic: "a"}) // the first publish notifies
+	if err == nil || !strings.Contains(err.Error(), "outbox.NotifyEvery") {
+		t.Fatalf("publish: %v, want the expectation's advice to set NotifyEvery", err)
+	}
+}
+
 // matchers are sqlmock's two query matchers: ExpectPublish must work
 // under both.
 var matchers = []struct {
@@ -138,7 +156,7 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 
 	for _, mt := range matchers {
 		for _, notify := range []outbox.NotifyMode{outbox.NotifyAuto, outbox.NotifyOff} {
-			ob, err := outbox.New(postgres.Dialect(), outbox.Config{Notify: notify})
+			ob, err := outbox.New(postgres.Dialect(), outbox.Config{Notify: notify, NotifyInterval: outbox.NotifyEvery})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +213,7 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 // and Duplicate is reported under QueryMatcherEqual too.
 func TestExpectPublishError(t *testing.T) {
 	ctx := context.Background()
-	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{NotifyInterval: outbox.NotifyEvery})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -190,7 +190,9 @@ func published(t *testing.T, e *env) {
 // duplicate, a statement failing in the database, and a NotBefore from
 // the clock in the dialect's own argument form.
 func RunSqlmockKit(t *testing.T, d outbox.Dialect) {
-	ob, err := outbox.New(d, outbox.Config{})
+	// NotifyEvery: under QueryMatcherEqual an expectation cannot accept a
+	// coalescing Outbox's publish with and without NOTIFY (see ExpectPublish).
+	ob, err := outbox.New(d, outbox.Config{NotifyInterval: outbox.NotifyEvery})
 	if err != nil {
 		t.Fatal(err)
 	}
