@@ -7,6 +7,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"runtime"
@@ -27,12 +28,13 @@ import (
 var (
 	compareOnly = flag.String("scenarios", "", "compare: comma-separated scenarios to run (default all): "+strings.Join(compareScenarios, ","))
 	chartPath   = flag.String("chart", "", "compare: write a PNG chart of the throughput scenarios to this file (e.g. ../docs/bench-compare.png)")
-	notifyEvery = flag.Duration("notify-interval", 5*time.Millisecond, "compare: Config.NotifyInterval of the oncommit-best system")
+	notifyEvery = flag.Duration("notify-interval", outbox.DefaultNotifyInterval, "compare: Config.NotifyInterval of the oncommit-best system (the default's, 5ms, unless set)")
 	systemsOnly = flag.String("systems", "", "compare: comma-separated systems to run (default all; raw always runs)")
 	latencyN    = flag.Int("latency-n", 300, "compare: messages per latency measurement (at 100 msg/s)")
+	latency8N   = flag.Int("latency8-n", 1500, "compare: messages per latency8 measurement (at 500 msg/s from 8 producers)")
 )
 
-var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "drain-1", "drain-4", "latency", "claim", "skew", "notify"}
+var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "notify"}
 
 // series is one scenario's figures for one system, one per round.
 type series struct {
@@ -79,10 +81,10 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 	}
 	printEnvironment(ctx, admin)
 	set := newSystems(ctx, admin)
-	raw, onc, oncOff, oncBest, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.oncBest, set.riv, set.rivBest, set.gu, set.guBest
+	raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.oncEvery, set.oncBest, set.riv, set.rivBest, set.gu, set.guBest
 
 	fmt.Println("\nsystems:")
-	for _, s := range []*system{raw, onc, oncOff, oncBest, riv, rivBest, gu, guBest} {
+	for _, s := range []*system{raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest} {
 		fmt.Printf("  %-20s %s\n", s.name, s.settings)
 	}
 
@@ -132,6 +134,13 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 				res.add("latency-p99", s.name, "ms", false, p99)
 			}
 		}
+		if want("latency8") {
+			for _, s := range rotate(pick(onc, oncEvery, riv, rivBest, gu, guBest)) { // raw has no consumer
+				p50, p99 := latency8Run(ctx, s, *latency8N)
+				res.add("latency8-p50", s.name, "ms", false, p50)
+				res.add("latency8-p99", s.name, "ms", false, p99)
+			}
+		}
 		if want("claim") {
 			for _, backlog := range []int{10_000, 1_000_000} {
 				claimRun(ctx, res, backlog)
@@ -145,7 +154,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		if want("notify") {
 			for _, producers := range []int{1, 4, 16} {
 				name := fmt.Sprintf("notify-%d", producers)
-				for _, s := range rotate(pick(raw, onc, oncOff, oncBest)) {
+				for _, s := range rotate(pick(raw, onc, oncOff, oncEvery, oncBest)) {
 					res.add(name, s.name, "msg/s", true, publishRun(ctx, s, producers, 1600, 1, nil))
 				}
 			}
@@ -261,6 +270,70 @@ func latencyRun(ctx context.Context, s *system, k int) (p50, p99 float64) {
 	for i := 1; i <= k; i++ {
 		if handled[i].Load() == 0 {
 			check(fmt.Errorf("%s: latency: message %d delivered without its sequence number", s.name, i))
+		}
+		lat = append(lat, max(0, float64(handled[i].Load()-committed[i].Load())/1e6))
+	}
+	return percentile(lat, 0.50), percentile(lat, 0.99)
+}
+
+// latency8Run publishes k messages, one per transaction, from 8 producers
+// at 62.5 transactions a second each (500 msg/s in all, the producers'
+// schedules staggered), while one consumer runs. Each transaction starts
+// on schedule in a goroutine of its own (open loop: a slow commit delays
+// no other) and stays open 0-50 ms (uniform) after the publish before its
+// COMMIT, so commits come in another order than publishes: with coalesced
+// NOTIFY, publishes made silent may commit long after the notifying one.
+// It returns p50 and p99 of the time from the return of COMMIT to the
+// start of the handler, in milliseconds (a handler that starts before the
+// producer sees COMMIT return counts as 0).
+func latency8Run(ctx context.Context, s *system, k int) (p50, p99 float64) {
+	const producers, perSecond, maxHold = 8, 500, 50 * time.Millisecond
+	s.reset(ctx)
+	committed := make([]atomic.Int64, k+1)
+	handled := make([]atomic.Int64, k+1)
+	onMsg, done := untilHandled(k, func(seq int64) {
+		if seq > 0 && seq <= int64(k) {
+			handled[seq].Store(time.Now().UnixNano())
+		}
+	})
+	start, stop := s.consume(ctx, 1, onMsg)
+	start()
+	time.Sleep(500 * time.Millisecond) // listeners up
+	every := time.Second * producers / perSecond
+	var txs sync.WaitGroup
+	var producing sync.WaitGroup
+	for p := range producers {
+		producing.Go(func() {
+			time.Sleep(every * time.Duration(p) / producers)
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for seq := p + 1; seq <= k; seq += producers {
+				<-tick.C
+				hold := rand.N(maxHold)
+				txs.Go(func() {
+					tx, err := s.pool.Begin(ctx)
+					check(err)
+					check(s.publish(ctx, tx, 1, int64(seq)))
+					time.Sleep(hold)
+					check(tx.Commit(ctx))
+					committed[seq].Store(time.Now().UnixNano())
+				})
+			}
+		})
+	}
+	producing.Wait()
+	txs.Wait()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		check(fmt.Errorf("%s: latency8: not every message delivered within 30s", s.name))
+	}
+	stop()
+	closePools()
+	lat := make([]float64, 0, k)
+	for i := 1; i <= k; i++ {
+		if handled[i].Load() == 0 {
+			check(fmt.Errorf("%s: latency8: message %d delivered without its sequence number", s.name, i))
 		}
 		lat = append(lat, max(0, float64(handled[i].Load()-committed[i].Load())/1e6))
 	}
@@ -488,5 +561,5 @@ func printEnvironment(ctx context.Context, admin *pgxpool.Pool) {
 		settings = append(settings, name+"="+v)
 	}
 	fmt.Printf("server settings: %s\n", strings.Join(settings, " "))
-	fmt.Printf("run: rounds=%d n=%d latency-n=%d, started %s\n", *rounds, *n, *latencyN, time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("run: rounds=%d n=%d latency-n=%d latency8-n=%d, started %s\n", *rounds, *n, *latencyN, *latency8N, time.Now().UTC().Format(time.RFC3339))
 }

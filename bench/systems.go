@@ -155,7 +155,7 @@ func closePools() {
 // systemSet is every system and configuration the compare and cost
 // scenarios run, with the settings they print.
 type systemSet struct {
-	raw, onc, oncOff, oncBest, riv, rivBest, gu, guBest *system
+	raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest *system
 }
 
 func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
@@ -163,9 +163,10 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 	gueSetUp(ctx, admin)
 	ss := &systemSet{
 		raw: rawSystem(ctx),
-		onc: oncommitSystem(ctx, "oncommit", "defaults: Config{} (NOTIFY on), RelayConfig{} (batch 100, 200 handler slots, LISTEN on), pgxpool default per relay",
+		onc: oncommitSystem(ctx, "oncommit", "defaults: Config{} (NOTIFY coalesced: at most one per DefaultNotifyInterval, 5ms, per Outbox; woken relays follow up), RelayConfig{} (batch 100, 200 handler slots, LISTEN on), pgxpool default per relay",
 			outbox.Config{}, outbox.RelayConfig{}),
-		oncOff: oncommitSystem(ctx, "oncommit-notify-off", "Config{Notify: NotifyOff} (publish only)", outbox.Config{Notify: outbox.NotifyOff}, outbox.RelayConfig{}),
+		oncOff:   oncommitSystem(ctx, "oncommit-notify-off", "Config{Notify: NotifyOff} (publish only)", outbox.Config{Notify: outbox.NotifyOff}, outbox.RelayConfig{}),
+		oncEvery: oncommitSystem(ctx, "oncommit-notify-every", "Config{NotifyInterval: NotifyEvery} (NOTIFY on every publish, the default before issue 14; notify scenario only)", outbox.Config{NotifyInterval: outbox.NotifyEvery}, outbox.RelayConfig{}),
 		oncBest: oncommitSystem(ctx, "oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults'); skew: with the optional topic claim index (postgres.TopicIndexSQL), created for that scenario only", *notifyEvery),
 			outbox.Config{NotifyInterval: *notifyEvery}, outbox.RelayConfig{}),
 		riv: riverSystem(ctx, "river", "defaults: MaxWorkers 100 (River requires a value; its examples use 100), FetchCooldown 100ms, FetchPollInterval 1s, pgxpool default per client; publish InsertTx / InsertManyFastTx (COPY); drains n/10 of the backlog",
