@@ -34,7 +34,7 @@ var (
 	latency8N   = flag.Int("latency8-n", 1500, "compare: messages per latency8 measurement (at 500 msg/s from 8 producers)")
 )
 
-var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "notify"}
+var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "skew-3", "notify"}
 
 // series is one scenario's figures for one system, one per round.
 type series struct {
@@ -147,8 +147,16 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 			}
 		}
 		if want("skew") {
-			for _, s := range rotate(pick(raw, onc, oncBest, rivBest, guBest)) {
+			for _, s := range rotate(pick(raw, onc, rivBest, guBest)) {
 				res.add("skew", s.name, "ms", false, skewRun(ctx, s))
+			}
+		}
+		if want("skew-3") {
+			// A relay of three topics: "bench" and two with no messages.
+			for _, s := range rotate(pick(onc)) {
+				s.also = []string{"bench.b", "bench.c"}
+				res.add("skew-3", s.name, "ms", false, skewRun(ctx, s))
+				s.also = nil
 			}
 		}
 		if want("notify") {
@@ -454,20 +462,11 @@ func (d claimTimerDB) QueryDB(ctx context.Context, q string, args ...any) (outbo
 }
 
 // skewRun puts 50 due messages of topic "bench" behind 200,000 older due
-// messages of topic "other" and times one consumer of "bench" (or one raw
-// loop) until the 50 are delivered, in milliseconds.
+// messages of topic "other" and times one consumer of "bench" (and of
+// s.also; or one raw loop) until the 50 are delivered, in milliseconds.
 func skewRun(ctx context.Context, s *system) float64 {
 	const behind, due = 200_000, 50
 	s.reset(ctx)
-	if s.skewIndex {
-		create, err := postgres.TopicIndexSQL(s.table)
-		check(err)
-		mustExec(ctx, s.pool, create)
-		t, err := outbox.ParseTable(s.table)
-		check(err)
-		// The index is in its table's schema, named as TopicIndexSQL names it.
-		defer mustExec(ctx, s.pool, `DROP INDEX `+postgres.QuoteTable(outbox.Table{Schema: t.Schema, Name: t.Name + "_topic_claim_idx"}))
-	}
 	s.fill(ctx, behind, "other")
 	s.fill(ctx, due, "bench")
 	var ms float64

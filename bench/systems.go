@@ -45,9 +45,10 @@ type system struct {
 	consume func(ctx context.Context, procs int, onMsg func(seq int64)) (start, stop func())
 	left    func(ctx context.Context) int // messages not yet delivered
 	table   string                        // oncommit's systems: the table, as in outbox.Config.Table
-	// skewIndex: the skew scenario gives table the optional topic claim
-	// index (postgres.TopicIndexSQL) for its run.
-	skewIndex bool
+	// also: oncommit's systems: more topics the consumers' relays handle
+	// beside "bench" (no message is published to them): the skew-3
+	// scenario's relay of three topics.
+	also []string
 	// share divides the drain: a system this slow delivers n/share
 	// messages of the n-message backlog (its rate is per message delivered;
 	// the whole backlog would take minutes a round).
@@ -167,7 +168,7 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 			outbox.Config{}, outbox.RelayConfig{}),
 		oncOff:   oncommitSystem(ctx, "oncommit-notify-off", "Config{Notify: NotifyOff} (publish only)", outbox.Config{Notify: outbox.NotifyOff}, outbox.RelayConfig{}),
 		oncEvery: oncommitSystem(ctx, "oncommit-notify-every", "Config{NotifyInterval: NotifyEvery} (NOTIFY on every publish, the default before issue 14; notify scenario only)", outbox.Config{NotifyInterval: outbox.NotifyEvery}, outbox.RelayConfig{}),
-		oncBest: oncommitSystem(ctx, "oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults'); skew: with the optional topic claim index (postgres.TopicIndexSQL), created for that scenario only", *notifyEvery),
+		oncBest: oncommitSystem(ctx, "oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults')", *notifyEvery),
 			outbox.Config{NotifyInterval: *notifyEvery}, outbox.RelayConfig{}),
 		riv: riverSystem(ctx, "river", "defaults: MaxWorkers 100 (River requires a value; its examples use 100), FetchCooldown 100ms, FetchPollInterval 1s, pgxpool default per client; publish InsertTx / InsertManyFastTx (COPY); drains n/10 of the backlog",
 			riverConfig{maxWorkers: 100}),
@@ -179,7 +180,6 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 			gueConfig{workers: 16, poll: 10 * time.Millisecond, poolConns: 20, runAt: true}),
 	}
 	ss.riv.share, ss.gu.share = 10, 10
-	ss.oncBest.skewIndex = true
 	return ss
 }
 
@@ -227,6 +227,9 @@ func oncommitSystem(ctx context.Context, name, settings string, cfg outbox.Confi
 				onMsg(seqOf(d.Payload))
 				return nil
 			}))
+			for _, topic := range s.also {
+				check(r.Handle(topic, func(context.Context, outbox.Delivery) error { return nil }))
+			}
 			rs = append(rs, r)
 		}
 		return runners(ctx, pools, rs)

@@ -7,8 +7,8 @@ import (
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
-	"github.com/oncommit/oncommit/internal/chaostest"
 	"github.com/oncommit/oncommit/dialect/mysql/internal/mysqltest"
+	"github.com/oncommit/oncommit/internal/chaostest"
 )
 
 // TestChaos runs the chaos test (internal/chaostest) on MySQL/MariaDB

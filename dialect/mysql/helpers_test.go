@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/oncommit/oncommit/dialect/mysql"
-	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/dialect/mysql/internal/mysqltest"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/outbox"
 )
 

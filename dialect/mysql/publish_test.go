@@ -15,8 +15,8 @@ import (
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
-	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/dialect/mysql/internal/mysqltest"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"

@@ -54,32 +54,27 @@ func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
 	return nil
 }
 
-// TopicIndexSQL returns the statement that creates the optional topic claim
-// index of table ("" for the default, as in Migrate):
+// TopicIndexSQL returns the statement that builds the topic claim index of
+// table ("" for the default, as in Migrate) without blocking writes:
 //
 //	CREATE INDEX CONCURRENTLY IF NOT EXISTS "outbox_topic_claim_idx"
 //	    ON "outbox" (topic, available_at, id) WHERE state IN ('pending', 'processing')
 //
-// A relay that takes one topic (one Handle) claims with topic = $1, which
-// this index serves in claim order: it never reads the due rows of other
-// topics, however many there are (50 due rows behind 200,000 of another
-// topic: 5.4 ms against 32.6 ms to deliver them in the bench's skew
-// scenario, whose idle relay claims 100 at a time; a busy relay's claims of
-// a few rows cost more without it, 50-65 ms each in docs/operations.md,
-// "Topic skew"). Without it the claim index (available_at, id) walks them.
-// Migrate does not create it: every publish and claim writes one more
-// index entry, which cost 5-16% of publish and drain throughput in the
-// bench (docs/benchmarks.md). Create it when relays take subsets of a
-// table's topics and one topic can pile up ahead of the others. Claims of
-// several topics never use it.
+// Since migration 0004 this is the claim index: a claim reads only its
+// relay's topics' due rows, never those of other topics ahead of them
+// (docs/operations.md, "Topic skew"). Migrate creates it with a plain
+// CREATE INDEX, inside its transaction, so publishes wait while it builds,
+// and then drops the former claim index (available_at, id). On a table
+// too large or busy for that, run this statement first: the migration then
+// finds the index (IF NOT EXISTS) and only drops the former one. On a
+// table already migrated it creates nothing.
 //
-// CONCURRENTLY does not block publishes, and cannot run inside a
-// transaction: run the statement on its own (db.ExecContext). In a
-// migration tool that wraps each file in a transaction, drop CONCURRENTLY,
-// and publishes wait while the index builds. A concurrent build that fails
-// or is cancelled leaves an invalid index, which IF NOT EXISTS then keeps
-// (it costs every write and serves no claim): check pg_index.indisvalid,
-// and DROP INDEX CONCURRENTLY it before running the statement again.
+// CONCURRENTLY cannot run inside a transaction: run the statement on its
+// own (db.ExecContext). A concurrent build that fails or is cancelled
+// leaves an invalid index, which IF NOT EXISTS (here and in the migration)
+// then keeps: it costs every write and serves no claim. Check
+// pg_index.indisvalid, and DROP INDEX CONCURRENTLY it before running the
+// statement, or the migration, again.
 //
 // A bad or too long table name (the index's name must fit PostgreSQL's 63
 // bytes) is a *outboxdriver.ConfigError.

@@ -271,6 +271,14 @@ func claimLimits(t *testing.T, e *env) {
 // message another claim took, and returns how many messages were claimed.
 func ClaimConcurrently(t testing.TB, rd outboxdriver.RelayDialect, db outbox.DB, table outbox.Table, topic string, claimers, rounds int) int {
 	t.Helper()
+	return ClaimTopicsConcurrently(t, rd, db, table, []string{topic}, claimers, rounds)
+}
+
+// ClaimTopicsConcurrently is ClaimConcurrently for claims of several
+// topics at once: every claim takes topics, and every row claimed must be
+// of one of them.
+func ClaimTopicsConcurrently(t testing.TB, rd outboxdriver.RelayDialect, db outbox.DB, table outbox.Table, topics []string, claimers, rounds int) int {
+	t.Helper()
 	var mu sync.Mutex
 	seen := map[outbox.ID]bool{}
 	var wg sync.WaitGroup
@@ -278,7 +286,7 @@ func ClaimConcurrently(t testing.TB, rd outboxdriver.RelayDialect, db outbox.DB,
 		wg.Go(func() {
 			for i := 0; rounds == 0 || i < rounds; i++ {
 				limit := 1 + (w*7+i)%17
-				cs, _, err := rd.Claim(context.Background(), db, table, outboxdriver.ClaimParams{Topics: []string{topic}, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
+				cs, _, err := rd.Claim(context.Background(), db, table, outboxdriver.ClaimParams{Topics: topics, Limit: limit, Lease: time.Minute, MaxAttempts: 5})
 				if err != nil {
 					t.Error(err)
 					return
@@ -291,7 +299,7 @@ func ClaimConcurrently(t testing.TB, rd outboxdriver.RelayDialect, db outbox.DB,
 				}
 				mu.Lock()
 				for _, c := range cs {
-					if seen[c.ID] || c.Topic != topic || c.Attempts != 1 {
+					if seen[c.ID] || !slices.Contains(topics, c.Topic) || c.Attempts != 1 {
 						t.Errorf("message %s (topic %q, attempt %d) claimed twice or wrongly", c.ID, c.Topic, c.Attempts)
 					}
 					seen[c.ID] = true
