@@ -201,19 +201,16 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	}
 	defer rows.Close()
 	// Scanned in place, through variables declared once: per row, only
-	// the values themselves are allocated.
+	// the key (when set), payload and headers are allocated; the id is
+	// decoded from the driver's bytes and the topic is one of p.Topics.
 	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
 	var done []outboxdriver.Fence
 	var c outboxdriver.Claimed
-	var id string
 	var kind int
-	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
+	dest := []any{idDest{&c.ID}, topicDest{&c.Topic, p.Topics}, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
 	for rows.Next() {
 		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, nil, err
-		}
-		if c.ID, err = outboxdriver.ParseID(id); err != nil {
 			return nil, nil, err
 		}
 		if kind == rowSettled {
@@ -224,6 +221,54 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 		claimed = append(claimed, c)
 	}
 	return claimed, done, rows.Err()
+}
+
+// idDest scans an id's text form (id::text) into an ID without making a
+// string of it first: pgx hands ScanBytes its own buffer (its BytesScanner),
+// database/sql drivers call Scan.
+type idDest struct{ id *outboxdriver.ID }
+
+func (d idDest) ScanBytes(b []byte) error { return d.id.UnmarshalText(b) }
+
+func (d idDest) Scan(src any) error {
+	switch v := src.(type) {
+	case []byte:
+		return d.id.UnmarshalText(v)
+	case string:
+		id, err := outboxdriver.ParseID(v)
+		*d.id = id
+		return err
+	}
+	return fmt.Errorf("outbox: scan id: unexpected %T", src)
+}
+
+// topicDest scans a topic into a string, reusing the claim's topic strings
+// (every claimed row has one of them) instead of allocating one per row.
+type topicDest struct {
+	s      *string
+	topics []string
+}
+
+func (d topicDest) ScanBytes(b []byte) error {
+	for _, t := range d.topics {
+		if string(b) == t {
+			*d.s = t
+			return nil
+		}
+	}
+	*d.s = string(b)
+	return nil
+}
+
+func (d topicDest) Scan(src any) error {
+	switch v := src.(type) {
+	case []byte:
+		return d.ScanBytes(v)
+	case string:
+		*d.s = v
+		return nil
+	}
+	return fmt.Errorf("outbox: scan topic: unexpected %T", src)
 }
 
 // arrayLiteral writes a PostgreSQL array literal of n elements; elem gives
