@@ -114,32 +114,63 @@ func (c *handlerCtx) cancel() {
 	}
 }
 
-// handlerQueue hands jobs to the handler goroutines. The claim loop queues
-// a claim's jobs and wakes (or starts) one goroutine; a goroutine that
-// takes a job while more are queued wakes (or starts) the next, and one
-// that finishes a handler takes the next queued job itself. So when
-// handlers are quick, a few goroutines run a whole claim without a wake-up
-// per message (waking a parked goroutine for each message, as an
-// unbuffered channel did, was most of the relay's scheduler time), and
-// when handlers block, every queued job still gets its own goroutine, one
-// wake-up after the other.
+// handlerQueue hands jobs to the handler goroutines. A goroutine that
+// finishes a handler takes the next queued job itself. When jobs are
+// queued and no handler is running, the queue wakes (or starts) one
+// goroutine. While handlers are running, it wakes none at first: a quick
+// handler's goroutine comes back for the next job within microseconds, so
+// one or two goroutines run a whole claim of quick handlers without a
+// wake-up per message (waking a parked goroutine for each message, as an
+// unbuffered channel did, was most of the relay's scheduler time, and
+// waking the next goroutine whenever jobs were queued still cost a tenth
+// of the relay's CPU). If jobs are still queued stallAfter later, the
+// handlers are slow or blocked: from then until the queue is empty, a
+// goroutine that takes a job wakes (or starts) the next, so every queued
+// job gets a goroutine of its own, one wake-up after the other.
 type handlerQueue struct {
 	mu     sync.Mutex
 	cond   sync.Cond
 	queue  []*job
 	head   int
 	idle   int  // goroutines waiting in next
+	active int  // goroutines running a handler
 	waking bool // one has been woken or started and has not looked yet
+	// eager: handlers were slow to come back; wake a goroutine per job
+	// until the queue is empty. stalledBurst: the queue stalled since it
+	// was last empty; the next burst then starts eager (handlers that were
+	// slow are likely slow again), so slow handlers pay the stallAfter
+	// wait in at most every other burst.
+	eager        bool
+	stalledBurst bool
+	stall      *time.Timer // fires stallAfter after jobs were left queued
+	stallArmed bool
 	// retiring is how many idle goroutines should exit (see retire).
 	retiring int
 	closed   bool
 	start    func() // starts a handler goroutine
 }
 
+// stallAfter is how long queued jobs wait for a running handler to come
+// back for them before the queue wakes more goroutines.
+const stallAfter = 100 * time.Microsecond
+
 func newHandlerQueue(start func()) *handlerQueue {
 	q := &handlerQueue{start: start}
 	q.cond.L = &q.mu
+	q.stall = time.AfterFunc(time.Hour, q.stalled)
+	q.stall.Stop()
 	return q
+}
+
+// stalled runs stallAfter after jobs were left queued while handlers ran.
+func (q *handlerQueue) stalled() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.stallArmed = false
+	if q.head < len(q.queue) {
+		q.eager, q.stalledBurst = true, true
+		q.wakeLocked()
+	}
 }
 
 // push queues jobs. Handler slots bound the jobs queued or running, so
@@ -157,6 +188,15 @@ func (q *handlerQueue) wakeLocked() {
 	if q.waking || q.head == len(q.queue) {
 		return
 	}
+	if q.active > 0 && !q.eager {
+		// A running handler takes the next job when it returns; if none
+		// returns soon, stalled wakes a goroutine.
+		if !q.stallArmed {
+			q.stallArmed = true
+			q.stall.Reset(stallAfter)
+		}
+		return
+	}
 	q.waking = true
 	if q.idle > 0 {
 		q.cond.Signal()
@@ -167,22 +207,31 @@ func (q *handlerQueue) wakeLocked() {
 
 // next returns the next job, waiting for one; nil when the goroutine
 // should exit (the queue is closed and empty, or it was idle too long).
-func (q *handlerQueue) next() *job {
+// ran says the goroutine has just run a handler (it did, unless this is
+// its first call).
+func (q *handlerQueue) next(ran bool) *job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if ran {
+		q.active--
+	}
 	for {
 		if q.head < len(q.queue) {
 			j := q.queue[q.head]
 			q.queue[q.head] = nil
 			q.head++
+			q.active++
+			q.waking = false
 			if q.head == len(q.queue) {
 				q.queue, q.head = q.queue[:0], 0
+				q.drainedLocked()
+			} else {
+				q.wakeLocked() // more are queued
 			}
-			q.waking = false
-			q.wakeLocked() // more are queued: wake the next goroutine
 			return j
 		}
 		q.waking = false
+		q.drainedLocked()
 		if q.closed {
 			return nil
 		}
@@ -193,6 +242,15 @@ func (q *handlerQueue) next() *job {
 		q.idle++
 		q.cond.Wait()
 		q.idle--
+	}
+}
+
+// drainedLocked ends a burst: the queue is empty.
+func (q *handlerQueue) drainedLocked() {
+	q.eager, q.stalledBurst = q.stalledBurst, false
+	if q.stallArmed {
+		q.stallArmed = false
+		q.stall.Stop()
 	}
 }
 
@@ -208,6 +266,8 @@ func (q *handlerQueue) retire() {
 func (q *handlerQueue) close() {
 	q.mu.Lock()
 	q.closed = true
+	q.eager = true // no more waiting for running handlers
+	q.wakeLocked()
 	q.mu.Unlock()
 	q.cond.Broadcast()
 }

@@ -103,7 +103,7 @@ func TestHandlerQueueBlockingHandlers(t *testing.T) {
 		exited.Add(1)
 		go func() {
 			defer exited.Done()
-			for j := q.next(); j != nil; j = q.next() {
+			for j := q.next(false); j != nil; j = q.next(true) {
 				started.Done()
 				<-release
 				ran.Add(1)
@@ -142,7 +142,7 @@ func TestHandlerQueueRetire(t *testing.T) {
 		live.Add(1)
 		go func() {
 			defer live.Add(-1)
-			for j := q.next(); j != nil; j = q.next() {
+			for j := q.next(false); j != nil; j = q.next(true) {
 				ran.Add(1)
 			}
 		}()

@@ -279,6 +279,10 @@ type Relay struct {
 	// carried is when a claim last carried successes (unix nanoseconds):
 	// while claims keep coming, the settler leaves successes to them.
 	carried atomic.Int64
+	// claimDone and claimFences are the claim loop's buffers for the
+	// successes a claim carries.
+	claimDone   []queued
+	claimFences []outboxdriver.Fence
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -657,14 +661,18 @@ func (r *Relay) signal() {
 func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	done := r.out.takeDone(maxSettleBatch)
+	// Only the claim loop claims: the buffers are reused from claim to
+	// claim (the dialect does not keep ClaimParams.Done).
+	done := r.out.takeDoneInto(r.claimDone[:0], maxSettleBatch)
+	r.claimDone = done
 	if len(done) > 0 {
 		r.carried.Store(time.Now().UnixNano())
 	}
-	fences := make([]outboxdriver.Fence, len(done))
+	fences := r.claimFences[:0]
 	for i := range done {
-		fences[i] = done[i].Fence
+		fences = append(fences, done[i].Fence)
 	}
+	r.claimFences = fences
 	claimed, applied, err := r.d.Claim(ctx, r.db, r.ob.table, outboxdriver.ClaimParams{
 		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
@@ -675,8 +683,13 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 			r.putBack(done) // nothing of the statement was committed
 		}
 	} else if len(done) > 0 {
-		r.report(ctx, settlements(done), applied, nil)
+		var batch []outboxdriver.Settlement
+		if r.cfg.Tracer != nil {
+			batch = settlements(done)
+		}
+		r.report(ctx, len(done), batch, applied, nil)
 	}
+	clear(done) // no error strings kept until the next claim
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
 	}
@@ -700,7 +713,7 @@ const workerIdle = 5 * time.Second
 // has stopped, or the relay has been idle a while). Reusing goroutines
 // saves starting one per message and growing its stack again each time.
 func (r *Relay) work(queue *handlerQueue, workers *sync.WaitGroup, sl *slots) {
-	for j := queue.next(); j != nil; j = queue.next() {
+	for j := queue.next(false); j != nil; j = queue.next(true) {
 		r.workOne(j, workers, sl)
 	}
 }

@@ -120,6 +120,16 @@ func (o *outcomes) take(list *[]queued, n int) []queued {
 }
 
 func (o *outcomes) takeDone(n int) []queued   { return o.take(&o.done, n) }
+
+// takeDoneInto is takeDone appending to buf.
+func (o *outcomes) takeDoneInto(buf []queued, n int) []queued {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := min(len(o.done), n)
+	buf = append(buf, o.done[:k]...)
+	o.done = append(o.done[:0], o.done[k:]...)
+	return buf
+}
 func (o *outcomes) takeFailed(n int) []queued { return o.take(&o.failed, n) }
 
 // counts returns the lengths of the lists.
@@ -297,16 +307,17 @@ func (r *Relay) settle(ctx context.Context, batch []outboxdriver.Settlement) err
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
 	}
-	r.report(ctx, batch, applied, err)
+	r.report(ctx, len(batch), batch, applied, err)
 	return err
 }
 
-// report logs and traces the outcome of writing batch.
-func (r *Relay) report(ctx context.Context, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
+// report logs and traces the outcome of writing n settlements; batch holds
+// them when there is a tracer to tell.
+func (r *Relay) report(ctx context.Context, n int, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
 	if err != nil {
-		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", len(batch))
-	} else if len(applied) < len(batch) {
-		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", len(batch)-len(applied))
+		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", n)
+	} else if len(applied) < n {
+		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", n-len(applied))
 	}
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)

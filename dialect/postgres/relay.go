@@ -302,19 +302,27 @@ func arrayLiteral(n int, elem func(i int) (string, bool)) string {
 
 // fenceArrays returns the ids and attempts of fences as array literals.
 func fenceArrays(fences []outboxdriver.Fence) (ids, attempts string) {
-	// Written directly: ids and integers need no quoting in an array literal.
-	bi := make([]byte, 0, 2+37*len(fences))
-	ba := make([]byte, 0, 2+3*len(fences))
-	bi, ba = append(bi, '{'), append(ba, '{')
+	// Written directly: ids and integers need no quoting in an array
+	// literal. Into strings.Builders, which return their bytes without a
+	// copy; the id literal's length is known.
+	var bi, ba strings.Builder
+	bi.Grow(1 + 37*max(len(fences), 1))
+	ba.Grow(2 + 4*len(fences))
+	var id [36]byte
+	var num [20]byte
+	bi.WriteByte('{')
+	ba.WriteByte('{')
 	for i, f := range fences {
 		if i > 0 {
-			bi, ba = append(bi, ','), append(ba, ',')
+			bi.WriteByte(',')
+			ba.WriteByte(',')
 		}
-		bi = f.ID.AppendText(bi)
-		ba = strconv.AppendInt(ba, int64(f.Attempts), 10)
+		bi.Write(f.ID.AppendText(id[:0]))
+		ba.Write(strconv.AppendInt(num[:0], int64(f.Attempts), 10))
 	}
-	bi, ba = append(bi, '}'), append(ba, '}')
-	return string(bi), string(ba)
+	bi.WriteByte('}')
+	ba.WriteByte('}')
+	return bi.String(), ba.String()
 }
 
 // fenceJoin joins the fences, unnested from $1 (ids) and $2 (attempts)
