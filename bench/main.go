@@ -65,6 +65,7 @@ var (
 	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
 	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4)")
 	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
+	countDB    = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
 	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 )
 
@@ -244,7 +245,12 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) (run func()) {
 		check(err)
 		check(p.Ping(ctx))
 		pools = append(pools, p)
-		r, err := ob.Relay(timedDB{pgxtx.FromPool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency, BatchSize: batchSize, Tracer: stats})
+		cfg := outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency, BatchSize: batchSize}
+		var db outbox.DB = pgxtx.FromPool(p)
+		if *countDB {
+			db, cfg.Tracer = timedDB{db}, stats
+		}
+		r, err := ob.Relay(db, cfg)
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(total) {
