@@ -124,9 +124,10 @@ func (c *handlerCtx) cancel() {
 // unbuffered channel did, was most of the relay's scheduler time, and
 // waking the next goroutine whenever jobs were queued still cost a tenth
 // of the relay's CPU). If jobs are still queued stallAfter later, the
-// handlers are slow or blocked: from then until the queue is empty, a
-// goroutine that takes a job wakes (or starts) the next, so every queued
-// job gets a goroutine of its own, one wake-up after the other.
+// handlers are slow or blocked: the queue wakes (or starts) goroutines
+// for the jobs left queued, a few at a time, each of which takes a job and
+// wakes the next, and does so for jobs pushed later while handlers are
+// running.
 type handlerQueue struct {
 	mu     sync.Mutex
 	cond   sync.Cond
@@ -134,14 +135,14 @@ type handlerQueue struct {
 	head   int
 	idle   int  // goroutines waiting in next
 	active int  // goroutines running a handler
-	waking bool // one has been woken or started and has not looked yet
-	// eager: handlers were slow to come back; wake a goroutine per job
-	// until the queue is empty. stalledBurst: the queue stalled since it
-	// was last empty; the next burst then starts eager (handlers that were
-	// slow are likely slow again), so slow handlers pay the stallAfter
-	// wait in at most every other burst.
-	eager        bool
-	stalledBurst bool
+	// signalled and starting count the goroutines woken and started
+	// that have not come to take a job yet.
+	signalled, starting int
+	// eager: handlers were slow to come back; wake a goroutine per job.
+	// It lasts until jobs are pushed while no handler runs (the handlers
+	// kept up), so slow handlers pay the stallAfter wait once, not once
+	// per claim.
+	eager bool
 	stall      *time.Timer // fires stallAfter after jobs were left queued
 	stallArmed bool
 	// retiring is how many idle goroutines should exit (see retire).
@@ -149,6 +150,9 @@ type handlerQueue struct {
 	closed   bool
 	start    func() // starts a handler goroutine
 }
+
+// eagerWakes bounds the goroutines an eager queue wakes ahead of the jobs.
+const eagerWakes = 8
 
 // stallAfter is how long queued jobs wait for a running handler to come
 // back for them before the queue wakes more goroutines.
@@ -168,7 +172,7 @@ func (q *handlerQueue) stalled() {
 	defer q.mu.Unlock()
 	q.stallArmed = false
 	if q.head < len(q.queue) {
-		q.eager, q.stalledBurst = true, true
+		q.eager = true
 		q.wakeLocked()
 	}
 }
@@ -177,32 +181,49 @@ func (q *handlerQueue) stalled() {
 // the queue never holds more than RelayConfig.Concurrency.
 func (q *handlerQueue) push(jobs []*job) {
 	q.mu.Lock()
+	if q.active == 0 {
+		q.eager = false // the handlers kept up
+	}
 	q.queue = append(q.queue, jobs...)
 	q.wakeLocked()
 	q.mu.Unlock()
 }
 
-// wakeLocked wakes or starts a goroutine for the queued jobs, unless one
-// is on its way.
+// wakeLocked wakes or starts goroutines for the queued jobs: eager, one
+// for each job that none is on its way for; else one, when no handler is
+// running and none is on its way.
 func (q *handlerQueue) wakeLocked() {
-	if q.waking || q.head == len(q.queue) {
+	queued := len(q.queue) - q.head
+	if queued == 0 {
 		return
 	}
-	if q.active > 0 && !q.eager {
-		// A running handler takes the next job when it returns; if none
-		// returns soon, stalled wakes a goroutine.
-		if !q.stallArmed {
-			q.stallArmed = true
-			q.stall.Reset(stallAfter)
+	if !q.eager {
+		if q.active > 0 {
+			// A running handler takes the next job when it returns; if
+			// none returns soon, stalled wakes goroutines.
+			if !q.stallArmed {
+				q.stallArmed = true
+				q.stall.Reset(stallAfter)
+			}
+			return
 		}
-		return
+		queued = min(queued, 1)
+	} else {
+		// At most eagerWakes on their way at once: each takes a job and
+		// wakes the next, so every job gets a goroutine, while a stall
+		// that was only a goroutine kept off its CPU (a loaded host)
+		// wakes a few goroutines rather than one per job.
+		queued = min(queued, eagerWakes)
 	}
-	q.waking = true
-	if q.idle > 0 {
-		q.cond.Signal()
-		return
+	for n := queued - q.signalled - q.starting; n > 0; n-- {
+		if q.idle > q.signalled {
+			q.signalled++
+			q.cond.Signal()
+		} else {
+			q.starting++
+			q.start()
+		}
 	}
-	q.start()
 }
 
 // next returns the next job, waiting for one; nil when the goroutine
@@ -214,6 +235,8 @@ func (q *handlerQueue) next(ran bool) *job {
 	defer q.mu.Unlock()
 	if ran {
 		q.active--
+	} else {
+		q.starting-- // a goroutine start started
 	}
 	for {
 		if q.head < len(q.queue) {
@@ -221,7 +244,6 @@ func (q *handlerQueue) next(ran bool) *job {
 			q.queue[q.head] = nil
 			q.head++
 			q.active++
-			q.waking = false
 			if q.head == len(q.queue) {
 				q.queue, q.head = q.queue[:0], 0
 				q.drainedLocked()
@@ -230,7 +252,6 @@ func (q *handlerQueue) next(ran bool) *job {
 			}
 			return j
 		}
-		q.waking = false
 		q.drainedLocked()
 		if q.closed {
 			return nil
@@ -242,12 +263,14 @@ func (q *handlerQueue) next(ran bool) *job {
 		q.idle++
 		q.cond.Wait()
 		q.idle--
+		if q.signalled > 0 {
+			q.signalled--
+		}
 	}
 }
 
 // drainedLocked ends a burst: the queue is empty.
 func (q *handlerQueue) drainedLocked() {
-	q.eager, q.stalledBurst = q.stalledBurst, false
 	if q.stallArmed {
 		q.stallArmed = false
 		q.stall.Stop()
