@@ -38,6 +38,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -60,9 +61,11 @@ var (
 	only       = flag.String("only", "", "run only this scenario: drain, latency or memory")
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
-	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
+	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
+	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
+	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4)")
 	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
+	countDB    = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
 	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 )
 
@@ -75,13 +78,13 @@ func envOr(k, d string) string {
 
 func main() {
 	flag.Parse()
-	if *cpuprofile != "" {
+	if *cpuprofile != "" && *only != "drain" {
 		f, err := os.Create(*cpuprofile)
 		check(err)
 		check(pprof.StartCPUProfile(f))
 		defer pprof.StopCPUProfile()
 	}
-	if *memprofile != "" {
+	if *memprofile != "" && *only != "drain" {
 		defer func() {
 			f, err := os.Create(*memprofile)
 			check(err)
@@ -242,7 +245,12 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) (run func()) {
 		check(err)
 		check(p.Ping(ctx))
 		pools = append(pools, p)
-		r, err := ob.Relay(timedDB{pgxtx.FromPool(p)}, outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency, BatchSize: batchSize, Tracer: stats})
+		cfg := outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency, BatchSize: batchSize}
+		var db outbox.DB = pgxtx.FromPool(p)
+		if *countDB {
+			db, cfg.Tracer = timedDB{db}, stats
+		}
+		r, err := ob.Relay(db, cfg)
 		check(err)
 		check(r.Handle("bench", func(ctx context.Context, d outbox.Delivery) error {
 			if done.Add(1) == int64(total) {
@@ -279,32 +287,91 @@ func drain(ctx context.Context, pool *pgxpool.Pool) {
 		{"raw-loop-4", func(ob *outbox.Outbox) func() { return func() { rawLoop(ctx, pool, ob, 4) } }},
 		{"relay-4", func(ob *outbox.Outbox) func() { return relays(ctx, ob, 4, *n) }},
 	}
-	res := map[string][]float64{}
+	if *drainCases != "" {
+		want := strings.Split(*drainCases, ",")
+		cases = slices.DeleteFunc(cases, func(c struct {
+			name string
+			prep func(ob *outbox.Outbox) (run func())
+		}) bool {
+			return !slices.Contains(want, c.name)
+		})
+	}
+	// Per case: seconds, client CPU (µs per message) and allocations per
+	// message of each round.
+	secs, cpus, allocs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		for _, c := range cases {
 			ob := table(ctx, pool, "drain")
 			fill(ctx, pool, ob, *n, "bench")
 			run := c.prep(ob)
+			stopProfiles := drainProfiles(fmt.Sprintf(".%s.r%d", c.name, round))
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
 			cpu0 := processCPU()
 			t0 := time.Now()
 			run()
-			secs := time.Since(t0).Seconds()
+			s := time.Since(t0).Seconds()
 			cpu := processCPU() - cpu0
 			runtime.ReadMemStats(&m1)
+			stopProfiles()
 			if left := remaining(ctx, pool, ob); left != 0 {
 				check(fmt.Errorf("%s left %d rows", c.name, left))
 			}
-			res[c.name] = append(res[c.name], secs)
-			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  %4.1f allocs/msg  %s\n", round, c.name, secs, float64(*n)/secs, float64(cpu.Microseconds())/float64(*n), float64(m1.Mallocs-m0.Mallocs)/float64(*n), stats)
+			perCPU, perAlloc := float64(cpu.Nanoseconds())/1e3/float64(*n), float64(m1.Mallocs-m0.Mallocs)/float64(*n)
+			secs[c.name] = append(secs[c.name], s)
+			cpus[c.name] = append(cpus[c.name], perCPU)
+			allocs[c.name] = append(allocs[c.name], perAlloc)
+			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  %4.1f allocs/msg  %s\n", round, c.name, s, float64(*n)/s, perCPU, perAlloc, stats)
 		}
 	}
-	med := func(name string) float64 { return median(res[name]) }
 	for _, w := range []string{"1", "4"} {
-		raw, rel := med("raw-loop-"+w), med("relay-"+w)
+		raw, rel := "raw-loop-"+w, "relay-"+w
+		if len(secs[raw]) == 0 || len(secs[rel]) == 0 {
+			continue
+		}
 		fmt.Printf("median: relay-%s %.0f msg/s, raw-loop-%s %.0f msg/s; relay/raw throughput = %.2fx\n",
-			w, float64(*n)/rel, w, float64(*n)/raw, raw/rel)
+			w, float64(*n)/median(secs[rel]), w, float64(*n)/median(secs[raw]), median(secs[raw])/median(secs[rel]))
+		fmt.Printf("median: relay-%s client CPU %.2f µs/msg (%.2f-%.2f), %.1f allocs/msg; raw-loop-%s %.2f µs/msg (%.2f-%.2f), %.1f allocs/msg; relay/raw CPU = %.2fx\n",
+			w, median(cpus[rel]), slices.Min(cpus[rel]), slices.Max(cpus[rel]), median(allocs[rel]),
+			w, median(cpus[raw]), slices.Min(cpus[raw]), slices.Max(cpus[raw]), median(allocs[raw]), median(cpus[rel])/median(cpus[raw]))
+	}
+}
+
+// drainProfiles starts the CPU profile of one timed drain (-cpuprofile
+// plus suffix) and writes an allocation profile just before it (-memprofile
+// plus suffix plus .base), and returns what stops them, writing the
+// allocation profile after it: compare the two with go tool pprof
+// -diff_base. Without -only drain, the profiles cover the whole run
+// instead (see main).
+func drainProfiles(suffix string) (stop func()) {
+	if *only != "drain" {
+		return func() {}
+	}
+	writeAllocs := func(name string) {
+		runtime.GC() // the allocation profile is as of the last GC
+		f, err := os.Create(name)
+		check(err)
+		check(pprof.Lookup("allocs").WriteTo(f, 0))
+		check(f.Close())
+	}
+	if *memprofile != "" {
+		writeAllocs(*memprofile + suffix + ".base")
+	}
+	var cpuFile *os.File
+	if *cpuprofile != "" {
+		var err error
+		cpuFile, err = os.Create(*cpuprofile + suffix)
+		check(err)
+		check(pprof.StartCPUProfile(cpuFile))
+	}
+	return func() {
+		if cpuFile != nil {
+			pprof.StopCPUProfile()
+			check(cpuFile.Close())
+		}
+		if *memprofile != "" {
+			writeAllocs(*memprofile + suffix)
+		}
 	}
 }
 

@@ -164,8 +164,6 @@ func (r *Relay) Health() Health {
 	r.health.mu.Lock()
 	h := r.health.h
 	r.health.mu.Unlock()
-	r.inflightMu.Lock()
-	h.InFlight = len(r.inflight)
-	r.inflightMu.Unlock()
+	h.InFlight = r.inflightCount()
 	return h
 }

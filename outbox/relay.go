@@ -261,7 +261,8 @@ type Relay struct {
 	started  bool
 
 	inflightMu sync.Mutex
-	inflight   map[outboxdriver.Fence]inflight // keyed by claim: a relay may hold a lapsed claim and a new one of one message
+	inflight   map[*claimBatch]struct{} // claims with handlers still running (see dispatch.go)
+	inflightN  atomic.Int64             // handlers registered and not finished
 	// handlersCancelled is set when the grace period is over: a message
 	// registered after that gets an already cancelled context.
 	handlersCancelled bool
@@ -279,11 +280,10 @@ type Relay struct {
 	// carried is when a claim last carried successes (unix nanoseconds):
 	// while claims keep coming, the settler leaves successes to them.
 	carried atomic.Int64
-}
-
-type inflight struct {
-	claimed time.Time
-	cancel  context.CancelFunc
+	// claimDone and claimFences are the claim loop's buffers for the
+	// successes a claim carries.
+	claimDone   []queued
+	claimFences []outboxdriver.Fence
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -307,7 +307,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
 		settleP:  outboxdriver.SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
 		handlers: map[string]Handler{},
-		inflight: map[outboxdriver.Fence]inflight{},
+		inflight: map[*claimBatch]struct{}{},
 		wake:     make(chan struct{}, 1),
 	}
 	if cfg.Listen != ListenOff {
@@ -478,8 +478,10 @@ func (r *Relay) cancelHandlers() {
 	r.inflightMu.Lock()
 	defer r.inflightMu.Unlock()
 	r.handlersCancelled = true
-	for _, in := range r.inflight {
-		in.cancel()
+	for b := range r.inflight {
+		for i := range b.jobs {
+			b.jobs[i].ctx.cancel()
+		}
 	}
 }
 
@@ -509,9 +511,11 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	// The handler whose end frees the threshold-th slot signals freed:
 	// the loop waits on freed only for that.
 	sl.signalAt = int64(r.cfg.Concurrency - threshold)
-	// Idle handler goroutines wait on jobs for the next message.
-	jobs := make(chan *job)
-	defer close(jobs)
+	// Handler goroutines take claimed messages from queue.
+	var queue *handlerQueue
+	queue = newHandlerQueue(func() { go r.work(queue, workers, sl) })
+	defer queue.close()
+	var dispatch []*job
 	lastDispatch := time.Now()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -568,31 +572,24 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		r.health.claimed(nil)
 		checked = true
 		failures = 0
-		batch := r.register(handlersCtx, claimed)
-		for i := range batch {
-			j := &batch[i]
-			if j.c.Dead {
-				c := j.c
+		for i := range claimed {
+			if c := &claimed[i]; c.Dead {
 				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase)
 				if r.cfg.DiscardDead {
 					r.send(queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}, time.Now().Add(r.cfg.Lease)})
 				}
-				continue
-			}
-			sl.running.Add(1)
-			workers.Add(1)
-			select {
-			case jobs <- j: // an idle handler goroutine takes it
-			default:
-				go r.work(j, jobs, workers, sl)
 			}
 		}
-		if len(batch) > 0 {
+		if dispatch = r.register(handlersCtx, claimed, dispatch[:0]); len(dispatch) > 0 {
+			sl.running.Add(int64(len(dispatch)))
+			workers.Add(len(dispatch))
+			queue.push(dispatch)
+			clear(dispatch)
 			lastDispatch = time.Now()
 		}
 		full = len(claimed) == limit
 		if len(claimed) == 0 && time.Since(lastDispatch) > workerIdle {
-			retire(jobs)
+			queue.retire()
 		}
 		if !full {
 			// A coalescing publisher's notification asks for follow-up
@@ -639,17 +636,6 @@ func (r *Relay) claimFinishing(ctx context.Context, limit int) ([]outboxdriver.C
 	return r.claim(cctx, limit)
 }
 
-// retire makes the handler goroutines waiting on jobs exit.
-func retire(jobs chan<- *job) {
-	for {
-		select {
-		case jobs <- nil:
-		default:
-			return
-		}
-	}
-}
-
 func resetTimer(t *time.Timer, d time.Duration) {
 	t.Stop()
 	select {
@@ -684,14 +670,18 @@ func (r *Relay) signal() {
 func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	done := r.out.takeDone(maxSettleBatch)
+	// Only the claim loop claims: the buffers are reused from claim to
+	// claim (the dialect does not keep ClaimParams.Done).
+	done := r.out.takeDoneInto(r.claimDone[:0], maxSettleBatch)
+	r.claimDone = done
 	if len(done) > 0 {
 		r.carried.Store(time.Now().UnixNano())
 	}
-	fences := make([]outboxdriver.Fence, len(done))
+	fences := r.claimFences[:0]
 	for i := range done {
-		fences[i] = done[i].Fence
+		fences = append(fences, done[i].Fence)
 	}
+	r.claimFences = fences
 	claimed, applied, err := r.d.Claim(ctx, r.db, r.ob.table, outboxdriver.ClaimParams{
 		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
@@ -702,8 +692,13 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 			r.putBack(done) // nothing of the statement was committed
 		}
 	} else if len(done) > 0 {
-		r.report(ctx, settlements(done), applied, nil)
+		var batch []outboxdriver.Settlement
+		if r.cfg.Tracer != nil {
+			batch = settlements(done)
+		}
+		r.report(ctx, len(done), batch, applied, nil)
 	}
+	clear(done) // no error strings kept until the next claim
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
 	}
@@ -723,51 +718,68 @@ func wrapCtx(ctx context.Context, err error) error {
 // handler goroutines exit.
 const workerIdle = 5 * time.Second
 
-// work delivers c, then the messages the claim loop hands it through jobs,
-// until jobs is closed or yields nil (the relay has been idle a while).
-// Reusing goroutines saves starting one per message and growing its stack
-// again each time.
-func (r *Relay) work(j *job, jobs <-chan *job, workers *sync.WaitGroup, sl *slots) {
-	for j != nil {
+// work delivers the messages of queue until it yields nil (the claim loop
+// has stopped, or the relay has been idle a while). Reusing goroutines
+// saves starting one per message and growing its stack again each time.
+func (r *Relay) work(queue *handlerQueue, workers *sync.WaitGroup, sl *slots) {
+	for j := queue.next(false); j != nil; j = queue.next(true) {
 		r.workOne(j, workers, sl)
-		j = <-jobs
 	}
 }
 
-// job is a claimed message with its handler's context, registered in
-// r.inflight.
-type job struct {
-	c      *outboxdriver.Claimed
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-// register gives each claimed message (but dead-lettered ones) its
-// handler's context, child of ctx, and records them in r.inflight: once
-// per claim, under one lock, rather than once per message from each
-// handler goroutine.
-func (r *Relay) register(ctx context.Context, claimed []outboxdriver.Claimed) []job {
-	if len(claimed) == 0 {
-		return nil
+// register makes one batch of the claimed messages (but dead-lettered
+// ones), each with its handler's context carrying ctx's values, records
+// it in r.inflight, and appends its jobs to dispatch: once per claim,
+// under one lock, rather than once per message from each handler
+// goroutine.
+func (r *Relay) register(ctx context.Context, claimed []outboxdriver.Claimed, dispatch []*job) []*job {
+	n := 0
+	for i := range claimed {
+		if !claimed[i].Dead {
+			n++
+		}
 	}
-	batch := make([]job, len(claimed))
-	now := time.Now()
+	if n == 0 {
+		return dispatch
+	}
+	b := &claimBatch{jobs: make([]job, n), claimed: time.Now()}
+	b.left.Store(int64(n))
+	k := 0
+	for i := range claimed {
+		if c := &claimed[i]; !c.Dead {
+			j := &b.jobs[k]
+			j.c, j.b, j.ctx.parent = c, b, ctx
+			dispatch = append(dispatch, j)
+			k++
+		}
+	}
+	r.inflightN.Add(int64(n))
 	r.inflightMu.Lock()
 	defer r.inflightMu.Unlock()
-	for i := range claimed {
-		c := &claimed[i]
-		batch[i].c = c
-		if c.Dead {
-			continue
-		}
-		batch[i].ctx, batch[i].cancel = context.WithCancel(ctx)
-		r.inflight[outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}] = inflight{claimed: now, cancel: batch[i].cancel}
-		if r.handlersCancelled {
-			batch[i].cancel()
+	r.inflight[b] = struct{}{}
+	if r.handlersCancelled {
+		for i := range b.jobs {
+			b.jobs[i].ctx.cancel()
 		}
 	}
-	return batch
+	return dispatch
 }
+
+// finished records that j's handler has returned, and forgets its batch
+// once all of the batch's have.
+func (r *Relay) finished(j *job) {
+	j.ctx.cancel()
+	j.ended.Store(true)
+	r.inflightN.Add(-1)
+	if j.b.left.Add(-1) == 0 {
+		r.inflightMu.Lock()
+		delete(r.inflight, j.b)
+		r.inflightMu.Unlock()
+	}
+}
+
+// inflightCount is the number of handlers registered and not finished.
+func (r *Relay) inflightCount() int { return int(r.inflightN.Load()) }
 
 // slots counts a relay's running handlers.
 type slots struct {
@@ -789,26 +801,31 @@ func (r *Relay) workOne(j *job, workers *sync.WaitGroup, sl *slots) {
 
 // deliver runs the handler of one claimed message and queues its outcome.
 func (r *Relay) deliver(j *job) {
-	c, hctx := j.c, j.ctx
+	c := j.c
 	h := r.handlers[c.Topic]
-	defer func() {
-		j.cancel()
-		r.inflightMu.Lock()
-		delete(r.inflight, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
-		r.inflightMu.Unlock()
-	}()
+	defer r.finished(j)
 
 	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts - c.AttemptsBase, CreatedAt: c.CreatedAt}
 	var err error
 	if len(c.Headers) > 0 {
-		if jerr := json.Unmarshal(c.Headers, &d.Headers); jerr != nil {
-			err = DeadLetter(fmt.Errorf("invalid headers: %w", jerr))
-		}
+		d.Headers, err = decodeHeaders(c.Headers)
 	}
 	if err == nil {
-		err = r.call(hctx, h, d)
+		err = r.call(&j.ctx, h, d)
 	}
 	r.send(queued{r.outcome(c, err), time.Now().Add(r.cfg.Lease)})
+}
+
+// decodeHeaders decodes a claimed message's headers; an error dead-letters
+// the message. (Apart from deliver, so that only messages with headers pay
+// for the map json.Unmarshal writes through a pointer: decoding into
+// &d.Headers moved every Delivery to the heap.)
+func decodeHeaders(b []byte) (map[string]string, error) {
+	var h map[string]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, DeadLetter(fmt.Errorf("invalid headers: %w", err))
+	}
+	return h, nil
 }
 
 // call runs h, turning a panic into an error.
@@ -898,9 +915,14 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		var held []outboxdriver.Fence
 		cutoff := time.Now().Add(-r.cfg.Lease / 3)
 		r.inflightMu.Lock()
-		for f, in := range r.inflight {
-			if in.claimed.Before(cutoff) {
-				held = append(held, f)
+		for b := range r.inflight {
+			if !b.claimed.Before(cutoff) {
+				continue
+			}
+			for i := range b.jobs {
+				if j := &b.jobs[i]; !j.ended.Load() {
+					held = append(held, outboxdriver.Fence{ID: j.c.ID, Attempts: j.c.Attempts})
+				}
 			}
 		}
 		r.inflightMu.Unlock()
@@ -927,14 +949,24 @@ func (r *Relay) renewLoop(ctx context.Context) {
 					continue
 				}
 				r.log.Warn("outbox: lease lost: the message was claimed again; cancelling its handler, whose outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
-				r.inflightMu.Lock()
-				if in, ok := r.inflight[f]; ok {
-					in.cancel()
-				}
-				r.inflightMu.Unlock()
+				r.cancelHandler(f)
 			}
 		}
 	})
+}
+
+// cancelHandler cancels the context of the handler of claim f, if it is
+// running.
+func (r *Relay) cancelHandler(f outboxdriver.Fence) {
+	r.inflightMu.Lock()
+	defer r.inflightMu.Unlock()
+	for b := range r.inflight {
+		for i := range b.jobs {
+			if j := &b.jobs[i]; j.c.ID == f.ID && j.c.Attempts == f.Attempts {
+				j.ctx.cancel()
+			}
+		}
+	}
 }
 
 // janitorLoop purges delivered messages older than KeepDelivered.

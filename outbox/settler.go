@@ -42,6 +42,10 @@ type outcomes struct {
 	done   []queued // successes
 	failed []queued // retries and dead letters
 	closed bool
+	// flushArmed: the settler's timer for successes is armed, and it will
+	// look at the done list when it fires; add then leaves doneAdded
+	// alone (a wake-up of the settler per claim, for nothing).
+	flushArmed bool
 	// doneAdded and failedAdded are signalled when their list becomes
 	// non-empty; stopped is closed when the settler has returned.
 	doneAdded   chan struct{}
@@ -95,7 +99,7 @@ func (o *outcomes) add(batch ...queued) bool {
 			o.failed = append(o.failed, s)
 		}
 	}
-	newDone, newFailed := !hadDone && len(o.done) > 0, !hadFailed && len(o.failed) > 0
+	newDone, newFailed := !hadDone && len(o.done) > 0 && !o.flushArmed, !hadFailed && len(o.failed) > 0
 	o.mu.Unlock()
 	if newDone {
 		notify(o.doneAdded)
@@ -120,6 +124,24 @@ func (o *outcomes) take(list *[]queued, n int) []queued {
 }
 
 func (o *outcomes) takeDone(n int) []queued   { return o.take(&o.done, n) }
+
+// setFlushArmed records whether the settler's timer for successes is
+// armed (see flushArmed).
+func (o *outcomes) setFlushArmed(armed bool) {
+	o.mu.Lock()
+	o.flushArmed = armed
+	o.mu.Unlock()
+}
+
+// takeDoneInto is takeDone appending to buf.
+func (o *outcomes) takeDoneInto(buf []queued, n int) []queued {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := min(len(o.done), n)
+	buf = append(buf, o.done[:k]...)
+	o.done = append(o.done[:0], o.done[k:]...)
+	return buf
+}
 func (o *outcomes) takeFailed(n int) []queued { return o.take(&o.failed, n) }
 
 // counts returns the lengths of the lists.
@@ -230,6 +252,7 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 			if !flushArmed {
 				flush.Reset(r.doneWait())
 				flushArmed = true
+				r.out.setFlushArmed(true)
 			}
 		case <-flush.C:
 			flushArmed = false
@@ -241,10 +264,13 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 				flushArmed = true
 				continue
 			}
+			// Successes added from here on notify doneAdded again.
+			r.out.setFlushArmed(false)
 			write(r.out.takeDone(maxSettleBatch))
 			if n, _ := r.out.counts(); n > 0 { // over a batch waited, or some came meanwhile
 				flush.Reset(r.doneWait())
 				flushArmed = true
+				r.out.setFlushArmed(true)
 			}
 		case <-retry.C:
 			write(append(r.out.takeFailed(maxSettleBatch), r.out.takeDone(maxSettleBatch)...))
@@ -297,16 +323,17 @@ func (r *Relay) settle(ctx context.Context, batch []outboxdriver.Settlement) err
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
 	}
-	r.report(ctx, batch, applied, err)
+	r.report(ctx, len(batch), batch, applied, err)
 	return err
 }
 
-// report logs and traces the outcome of writing batch.
-func (r *Relay) report(ctx context.Context, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
+// report logs and traces the outcome of writing n settlements; batch holds
+// them when there is a tracer to tell.
+func (r *Relay) report(ctx context.Context, n int, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
 	if err != nil {
-		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", len(batch))
-	} else if len(applied) < len(batch) {
-		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", len(batch)-len(applied))
+		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", n)
+	} else if len(applied) < n {
+		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", n-len(applied))
 	}
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)

@@ -217,19 +217,16 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	}
 	defer rows.Close()
 	// Scanned in place, through variables declared once: per row, only
-	// the values themselves are allocated.
+	// the key (when set), payload and headers are allocated; the id is
+	// decoded from the driver's bytes and the topic is one of p.Topics.
 	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
 	var done []outboxdriver.Fence
 	var c outboxdriver.Claimed
-	var id string
 	var kind int
-	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
+	dest := []any{idDest{&c.ID}, topicDest{&c.Topic, p.Topics}, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
 	for rows.Next() {
 		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, nil, err
-		}
-		if c.ID, err = outboxdriver.ParseID(id); err != nil {
 			return nil, nil, err
 		}
 		if kind == rowSettled {
@@ -240,6 +237,54 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 		claimed = append(claimed, c)
 	}
 	return claimed, done, rows.Err()
+}
+
+// idDest scans an id's text form (id::text) into an ID without making a
+// string of it first: pgx hands ScanBytes its own buffer (its BytesScanner),
+// database/sql drivers call Scan.
+type idDest struct{ id *outboxdriver.ID }
+
+func (d idDest) ScanBytes(b []byte) error { return d.id.UnmarshalText(b) }
+
+func (d idDest) Scan(src any) error {
+	switch v := src.(type) {
+	case []byte:
+		return d.id.UnmarshalText(v)
+	case string:
+		id, err := outboxdriver.ParseID(v)
+		*d.id = id
+		return err
+	}
+	return fmt.Errorf("outbox: scan id: unexpected %T", src)
+}
+
+// topicDest scans a topic into a string, reusing the claim's topic strings
+// (every claimed row has one of them) instead of allocating one per row.
+type topicDest struct {
+	s      *string
+	topics []string
+}
+
+func (d topicDest) ScanBytes(b []byte) error {
+	for _, t := range d.topics {
+		if string(b) == t {
+			*d.s = t
+			return nil
+		}
+	}
+	*d.s = string(b)
+	return nil
+}
+
+func (d topicDest) Scan(src any) error {
+	switch v := src.(type) {
+	case []byte:
+		return d.ScanBytes(v)
+	case string:
+		*d.s = v
+		return nil
+	}
+	return fmt.Errorf("outbox: scan topic: unexpected %T", src)
 }
 
 // arrayLiteral writes a PostgreSQL array literal of n elements; elem gives
@@ -273,19 +318,27 @@ func arrayLiteral(n int, elem func(i int) (string, bool)) string {
 
 // fenceArrays returns the ids and attempts of fences as array literals.
 func fenceArrays(fences []outboxdriver.Fence) (ids, attempts string) {
-	// Written directly: ids and integers need no quoting in an array literal.
-	bi := make([]byte, 0, 2+37*len(fences))
-	ba := make([]byte, 0, 2+3*len(fences))
-	bi, ba = append(bi, '{'), append(ba, '{')
+	// Written directly: ids and integers need no quoting in an array
+	// literal. Into strings.Builders, which return their bytes without a
+	// copy; the id literal's length is known.
+	var bi, ba strings.Builder
+	bi.Grow(1 + 37*max(len(fences), 1))
+	ba.Grow(2 + 4*len(fences))
+	var id [36]byte
+	var num [20]byte
+	bi.WriteByte('{')
+	ba.WriteByte('{')
 	for i, f := range fences {
 		if i > 0 {
-			bi, ba = append(bi, ','), append(ba, ',')
+			bi.WriteByte(',')
+			ba.WriteByte(',')
 		}
-		bi = f.ID.AppendText(bi)
-		ba = strconv.AppendInt(ba, int64(f.Attempts), 10)
+		bi.Write(f.ID.AppendText(id[:0]))
+		ba.Write(strconv.AppendInt(num[:0], int64(f.Attempts), 10))
 	}
-	bi, ba = append(bi, '}'), append(ba, '}')
-	return string(bi), string(ba)
+	bi.WriteByte('}')
+	ba.WriteByte('}')
+	return bi.String(), ba.String()
 }
 
 // fenceJoin joins the fences, unnested from $1 (ids) and $2 (attempts)
