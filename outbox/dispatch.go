@@ -133,8 +133,8 @@ type handlerQueue struct {
 	cond   sync.Cond
 	queue  []*job
 	head   int
-	idle   int  // goroutines waiting in next
-	active int  // goroutines running a handler
+	idle   int // goroutines waiting in next
+	active int // goroutines running a handler
 	// signalled and starting count the goroutines woken and started
 	// that have not come to take a job yet.
 	signalled, starting int
@@ -142,7 +142,7 @@ type handlerQueue struct {
 	// It lasts until jobs are pushed while no handler runs (the handlers
 	// kept up), so slow handlers pay the stallAfter wait once, not once
 	// per claim.
-	eager bool
+	eager      bool
 	stall      *time.Timer // fires stallAfter after jobs were left queued
 	stallArmed bool
 	// retiring is how many idle goroutines should exit (see retire).

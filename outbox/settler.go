@@ -123,7 +123,7 @@ func (o *outcomes) take(list *[]queued, n int) []queued {
 	return out
 }
 
-func (o *outcomes) takeDone(n int) []queued   { return o.take(&o.done, n) }
+func (o *outcomes) takeDone(n int) []queued { return o.take(&o.done, n) }
 
 // setFlushArmed records whether the settler's timer for successes is
 // armed (see flushArmed).
