@@ -270,21 +270,7 @@ func latencyRun(ctx context.Context, s *system, k int) (p50, p99 float64) {
 		committed[seq].Store(time.Now().UnixNano())
 	}
 	tick.Stop()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		check(fmt.Errorf("%s: latency: not every message delivered within 30s", s.name))
-	}
-	stop()
-	closePools()
-	lat := make([]float64, 0, k)
-	for i := 1; i <= k; i++ {
-		if handled[i].Load() == 0 {
-			check(fmt.Errorf("%s: latency: message %d delivered without its sequence number", s.name, i))
-		}
-		lat = append(lat, max(0, float64(handled[i].Load()-committed[i].Load())/1e6))
-	}
-	return percentile(lat, 0.50), percentile(lat, 0.99)
+	return latencies(s, "latency", done, stop, committed, handled)
 }
 
 // latency8Run publishes k messages, one per transaction, from 8 producers
@@ -334,17 +320,24 @@ func latency8Run(ctx context.Context, s *system, k int) (p50, p99 float64) {
 	}
 	producing.Wait()
 	txs.Wait()
+	return latencies(s, "latency8", done, stop, committed, handled)
+}
+
+// latencies waits (30 s at most) for every message to be handled, stops the
+// consumer and returns p50 and p99 of commit-to-handler times in ms.
+func latencies(s *system, scenario string, done <-chan struct{}, stop func(), committed, handled []atomic.Int64) (p50, p99 float64) {
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		check(fmt.Errorf("%s: latency8: not every message delivered within 30s", s.name))
+		check(fmt.Errorf("%s: %s: not every message delivered within 30s", s.name, scenario))
 	}
 	stop()
 	closePools()
+	k := len(committed) - 1
 	lat := make([]float64, 0, k)
 	for i := 1; i <= k; i++ {
 		if handled[i].Load() == 0 {
-			check(fmt.Errorf("%s: latency8: message %d delivered without its sequence number", s.name, i))
+			check(fmt.Errorf("%s: %s: message %d delivered without its sequence number", s.name, scenario, i))
 		}
 		lat = append(lat, max(0, float64(handled[i].Load()-committed[i].Load())/1e6))
 	}
