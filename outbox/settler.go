@@ -220,6 +220,10 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 	failures := 0 // writes failed in a row; while > 0, wait for retry
 	write := func(batch []queued) {
 		if len(batch) == 0 {
+			// Nothing left to retry (a claim carried the successes, or
+			// their leases lapsed): the backoff is over, or the settler
+			// would wait for a retry timer nothing arms again.
+			failures = 0
 			return
 		}
 		if err := r.settle(ctx, settlements(batch)); err != nil {

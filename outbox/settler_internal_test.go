@@ -187,3 +187,70 @@ func (d *failingDialect) wrote(id ID) bool {
 }
 
 var errInjected = &ConfigError{Field: "test", Reason: "injected settle failure"}
+
+// TestSettlerRecoversWhenNothingIsLeftToRetry: after a failed write whose
+// outcomes are gone by the time the retry timer fires (a claim carried the
+// successes, or their lease lapsed), the settler leaves its backoff and
+// writes the next outcome at once. Before the fix it stayed in backoff with
+// no timer armed, and wrote retries and dead letters only at shutdown.
+func TestSettlerRecoversWhenNothingIsLeftToRetry(t *testing.T) {
+	d := &failingDialect{failures: 1}
+	r, logs, stop := startSettler(t, d)
+	defer func() { close(stop); <-r.out.stopped }()
+	done := queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: NewID(), Attempts: 1}, Kind: outboxdriver.SettleDone}, time.Now().Add(time.Minute)}
+	r.send(done) // the settler's write of it fails, and it goes back on the list
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "settle failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the write did not fail; logs:\n%s", logs.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := r.out.takeDone(maxSettleBatch); len(got) != 1 { // a claim carries it
+		t.Fatalf("took %d successes back, want 1", len(got))
+	}
+	time.Sleep(300 * time.Millisecond) // the retry timer fires and finds nothing
+	next := queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: NewID(), Attempts: 1}, Kind: outboxdriver.SettleRetry, Error: "x"}, time.Now().Add(time.Minute)}
+	r.send(next)
+	deadline = time.Now().Add(2 * time.Second)
+	for !d.wrote(next.ID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("an outcome sent after the backoff ran dry was not written; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestStatsWhileHandling: Relay.Stats may run while handlers are still
+// being registered (a readiness endpoint served during start-up); it reads
+// the handlers under the relay's lock (go test -race found the old read).
+func TestStatsWhileHandling(t *testing.T) {
+	d := &statsDialect{}
+	ob, err := New(d, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ob.Relay(noDB{}, RelayConfig{Listen: ListenOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 100 {
+			_ = r.Handle("t"+string(rune('a'+i%26))+string(rune('a'+i/26)), func(context.Context, Delivery) error { return nil })
+		}
+	})
+	for range 100 {
+		if _, err := r.Stats(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+}
+
+// statsDialect reports one topic with a due message.
+type statsDialect struct{ blockingDialect }
+
+func (*statsDialect) Stats(context.Context, DB, Table) ([]TopicStats, error) {
+	return []TopicStats{{Topic: "x", Pending: 1, OldestPending: time.Second}}, nil
+}

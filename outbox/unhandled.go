@@ -41,14 +41,15 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		return RelayStats{}, err
 	}
 	rs := RelayStats{Topics: ts}
+	handled := r.handlerTopics() // under r.mu: Stats may run while Handle does
 	seen := make(map[string]bool, len(ts))
 	for _, s := range ts {
 		seen[s.Topic] = true
-		if _, ok := r.handlers[s.Topic]; !ok && s.OldestPending > 0 {
+		if _, ok := slices.BinarySearch(handled, s.Topic); !ok && s.OldestPending > 0 {
 			rs.Unhandled = append(rs.Unhandled, s.Topic)
 		}
 	}
-	for _, topic := range r.handlerTopics() {
+	for _, topic := range handled {
 		if !seen[topic] {
 			rs.Idle = append(rs.Idle, topic)
 		}
