@@ -86,10 +86,10 @@ type RelayConfig struct {
 	BatchSize int
 
 	// Lease is how long a claimed message stays invisible to other relays.
-	// While its handler runs, the relay renews the lease once a third of
-	// it has passed (checking every Lease/6), so
-	// only a relay that stops (crash, partition) loses it. Defaults to
-	// DefaultLease (30s).
+	// While its handler runs, the relay renews the lease every Lease/6 once
+	// a third of it has passed (so a renewal always lands by half the
+	// lease), so only a relay that stops (crash, partition) loses it.
+	// Defaults to DefaultLease (30s).
 	Lease time.Duration
 
 	// DisableLeaseRenewal stops the renewals: a handler running longer than
@@ -906,8 +906,9 @@ func cleanError(err error) string {
 	return s
 }
 
-// renewLoop extends the leases of handlers that have run for a third of
-// the lease, every sixth of the lease: a lease is renewed by the time half
+// renewLoop extends, every sixth of the lease, the leases of the handlers
+// claimed more than a third of the lease ago (each such handler is renewed
+// at every tick, not once per third): a lease is renewed by the time half
 // of it has passed, so a renewal that has to wait (a busy database, a
 // SQLite write lock) still has half the lease to land.
 func (r *Relay) renewLoop(ctx context.Context) {
