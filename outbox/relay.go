@@ -705,15 +705,6 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 	return claimed, err
 }
 
-// wrapCtx makes err wrap the context's error when the context ended, so
-// callers can test errors.Is(err, context.DeadlineExceeded).
-func wrapCtx(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("%w: %w", cerr, err)
-	}
-	return err
-}
-
 // workerIdle is how long a relay dispatches nothing before its idle
 // handler goroutines exit.
 const workerIdle = 5 * time.Second
@@ -933,7 +924,7 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 		kept, err := r.d.Renew(rctx, r.db, r.ob.table, r.cfg.Lease, held)
 		if err != nil {
-			err = wrapCtx(rctx, err)
+			err = wrapOp(rctx, "renew", r.d.Classify(err))
 		}
 		cancel()
 		if err != nil {
