@@ -1,0 +1,72 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
+)
+
+// renewLoop extends, every sixth of the lease, the leases of the handlers
+// claimed more than a third of the lease ago (each such handler is renewed
+// at every tick, not once per third): a lease is renewed by the time half
+// of it has passed, so a renewal that has to wait (a busy database, a
+// SQLite write lock) still has half the lease to land.
+func (r *Relay) renewLoop(ctx context.Context) {
+	tick(ctx, r.cfg.Lease/6, func() {
+		var held []outboxdriver.Fence
+		cutoff := time.Now().Add(-r.cfg.Lease / 3)
+		r.inflightMu.Lock()
+		for b := range r.inflight {
+			if !b.claimed.Before(cutoff) {
+				continue
+			}
+			for i := range b.jobs {
+				if j := &b.jobs[i]; !j.ended.Load() {
+					held = append(held, outboxdriver.Fence{ID: j.c.ID, Attempts: j.c.Attempts})
+				}
+			}
+		}
+		r.inflightMu.Unlock()
+		if len(held) == 0 {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+		kept, err := r.d.Renew(rctx, r.db, r.ob.table, r.cfg.Lease, held)
+		if err != nil {
+			err = wrapOp(rctx, "renew", r.d.Classify(err))
+		}
+		cancel()
+		if err != nil {
+			r.log.Error("outbox: lease renewal failed", "err", err, "count", len(held))
+			return
+		}
+		if len(kept) < len(held) {
+			still := make(map[outboxdriver.Fence]bool, len(kept))
+			for _, f := range kept {
+				still[f] = true
+			}
+			for _, f := range held {
+				if still[f] {
+					continue
+				}
+				r.log.Warn("outbox: lease lost: the message was claimed again; cancelling its handler, whose outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
+				r.cancelHandler(f)
+			}
+		}
+	})
+}
+
+// cancelHandler cancels the context of the handler of claim f, if it is
+// running.
+func (r *Relay) cancelHandler(f outboxdriver.Fence) {
+	r.inflightMu.Lock()
+	defer r.inflightMu.Unlock()
+	for b := range r.inflight {
+		for i := range b.jobs {
+			if j := &b.jobs[i]; j.c.ID == f.ID && j.c.Attempts == f.Attempts {
+				j.ctx.cancel()
+			}
+		}
+	}
+}
