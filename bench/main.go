@@ -40,6 +40,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -307,11 +308,11 @@ func drain(ctx context.Context, pool *pgxpool.Pool) {
 			stopProfiles := drainProfiles(fmt.Sprintf(".%s.r%d", c.name, round))
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
-			cpu0 := processCPU()
+			cpu0, srv0 := processCPU(), serverCPU()
 			t0 := time.Now()
 			run()
 			s := time.Since(t0).Seconds()
-			cpu := processCPU() - cpu0
+			cpu, srv := processCPU()-cpu0, serverCPU()-srv0
 			runtime.ReadMemStats(&m1)
 			stopProfiles()
 			if left := remaining(ctx, pool, ob); left != 0 {
@@ -321,7 +322,7 @@ func drain(ctx context.Context, pool *pgxpool.Pool) {
 			secs[c.name] = append(secs[c.name], s)
 			cpus[c.name] = append(cpus[c.name], perCPU)
 			allocs[c.name] = append(allocs[c.name], perAlloc)
-			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  %4.1f allocs/msg  %s\n", round, c.name, s, float64(*n)/s, perCPU, perAlloc, stats)
+			fmt.Printf("round %d %-11s %6.2fs  %8.0f msg/s  client CPU %4.1f µs/msg  server CPU %4.1f µs/msg  %4.1f allocs/msg  %s\n", round, c.name, s, float64(*n)/s, perCPU, float64(srv.Nanoseconds())/1e3/float64(*n), perAlloc, stats)
 		}
 	}
 	for _, w := range []string{"1", "4"} {
@@ -545,4 +546,35 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	check(syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCPU is the CPU time of the local PostgreSQL server's processes, or
+// 0 when none is visible in /proc: the live ones' user and system time plus
+// the children's time of each (the postmaster's includes the backends that
+// have exited). Meaningful only with the server on this host.
+func serverCPU() time.Duration {
+	dirs, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, d := range dirs {
+		if d.Name()[0] < '0' || d.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open || s[open+1:end] != "postgres" {
+			continue
+		}
+		f := strings.Fields(s[end+1:])
+		// After the command: state is field 3 of stat(5); utime, stime,
+		// cutime, cstime are fields 14-17.
+		for _, k := range []int{14, 15, 16, 17} {
+			v, _ := strconv.ParseInt(f[k-3], 10, 64)
+			ticks += v
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100
 }

@@ -50,7 +50,9 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	var trail time.Duration // the follow-up step in force, 0 for none
 	var woke time.Time      // with trail: when the relay was woken, or a follow-up last found messages
 	for {
-		if !full || free() < threshold {
+		wait := !full || free() < threshold
+		r.backToBack.Store(!wait)
+		if wait {
 			select {
 			case <-ctx.Done():
 				return nil

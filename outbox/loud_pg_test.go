@@ -244,7 +244,8 @@ func TestWakeupsRespectClaimBackoff(t *testing.T) {
 }
 
 // TestWarnsAboutUnhandledTopics: due messages of a topic no handler of the
-// relay takes, waiting over a minute, are logged once when Run starts.
+// relay takes, waiting over a minute, are logged once, five seconds after
+// Run starts.
 func TestWarnsAboutUnhandledTopics(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, outbox.Config{})
@@ -258,7 +259,11 @@ func TestWarnsAboutUnhandledTopics(t *testing.T) {
 	r := newRelay(t, e, outbox.RelayConfig{Logger: logs.logger()})
 	r.Handle("t", func(context.Context, outbox.Delivery) error { return nil })
 	start(t, r)
-	eventually(t, 10*time.Second, "warning", func() bool { return strings.Contains(logs.String(), "no handler for") })
+	started := time.Now()
+	eventually(t, 15*time.Second, "warning", func() bool { return strings.Contains(logs.String(), "no handler for") })
+	if d := time.Since(started); d < 4*time.Second {
+		t.Errorf("warned %v after Run started, want the first look about 5s after", d)
+	}
 	time.Sleep(200 * time.Millisecond)
 	out := logs.String()
 	if !strings.Contains(out, "topic=orphan") || strings.Contains(out, "topic=fresh") {

@@ -145,8 +145,8 @@ type RelayConfig struct {
 	// UnhandledEvery is how often the relay looks for due messages of
 	// topics it has no handler for (one [Outbox.Stats] query, which scans
 	// the table) and warns about those that have waited over a minute (or
-	// ten poll intervals), at most once an hour per topic. It also looks
-	// once when Run starts. Forever turns it off. Defaults to
+	// ten poll intervals), at most once an hour per topic. The first look
+	// is five seconds after Run starts. Forever turns it off. Defaults to
 	// DefaultUnhandledEvery (5m).
 	UnhandledEvery time.Duration
 

@@ -260,7 +260,7 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 			}
 		case <-flush.C:
 			flushArmed = false
-			if failures > 0 || time.Since(time.Unix(0, r.carried.Load())) < doneLinger {
+			if failures > 0 || r.claimsCarry() {
 				// Backing off, or claims are carrying successes: leave
 				// these to them (or to the retry) rather than compete
 				// for the database.
@@ -290,18 +290,24 @@ func (r *Relay) settleLoop(ctx context.Context, stop <-chan struct{}) {
 }
 
 // doneWait is how long new successes wait before the settler writes them:
-// doneLinger while claims are carrying successes (one came within
-// doneLinger; the next will likely take these too, in its own commit), else
+// doneLinger while claims are carrying successes (see claimsCarry), else
 // only settleLinger. A relay that polls (SQLite, MySQL, lib/pq) claims
 // rarely when it is not busy; successes held for a claim that is far off
 // were delivered again after a relay crash (issue 19 item 12: about 1.1
 // extra deliveries per SIGKILL on MariaDB and SQLite against 0.2-0.3 once
 // they are written within milliseconds).
 func (r *Relay) doneWait() time.Duration {
-	if time.Since(time.Unix(0, r.carried.Load())) < doneLinger {
+	if r.claimsCarry() {
 		return doneLinger
 	}
 	return settleLinger
+}
+
+// claimsCarry reports whether claims are carrying successes (one did within
+// doneLinger) or are about to (the claim loop is claiming back to back):
+// the next claim will likely take the waiting successes in its own commit.
+func (r *Relay) claimsCarry() bool {
+	return r.backToBack.Load() || time.Since(time.Unix(0, r.carried.Load())) < doneLinger
 }
 
 // finalSettle writes the outcomes left at shutdown and closes the lists.

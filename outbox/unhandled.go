@@ -15,6 +15,12 @@ const DefaultUnhandledEvery = 5 * time.Minute
 // deliver theirs long before that.
 func (r *Relay) unhandledAge() time.Duration { return max(time.Minute, 10*r.cfg.PollInterval) }
 
+// unhandledFirst is how long after Run starts the relay first looks for
+// unhandled topics: not at once, so a relay that starts on a large backlog
+// (a deploy, a restart of every replica) spends its first seconds
+// delivering rather than scanning the table.
+const unhandledFirst = 5 * time.Second
+
 // unhandledWarnEvery is how often the relay warns again about one topic.
 const unhandledWarnEvery = time.Hour
 
@@ -66,7 +72,7 @@ func (r *Relay) handlerTopics() []string {
 
 // unhandledLoop warns, through the relay's logger, about topics whose due
 // messages have waited longer than unhandledAge while this relay has no
-// handler for them: once when Run starts, then every
+// handler for them: once unhandledFirst after Run starts, then every
 // RelayConfig.UnhandledEvery, at most once an hour per topic. It costs one
 // Stats query (a scan of the table) each time.
 func (r *Relay) unhandledLoop(ctx context.Context) {
@@ -93,6 +99,13 @@ func (r *Relay) unhandledLoop(ctx context.Context) {
 			r.log.Warn("outbox: due messages of a topic this relay has no handler for; unless another relay handles it, they wait forever",
 				"topic", s.Topic, "pending", s.Pending, "oldest", s.OldestPending)
 		}
+	}
+	first := time.NewTimer(unhandledFirst)
+	defer first.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-first.C:
 	}
 	look()
 	tick(ctx, r.cfg.UnhandledEvery, look)
