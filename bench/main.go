@@ -67,7 +67,12 @@ var (
 	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4)")
 	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
 	countDB    = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
-	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: func() slog.Level {
+		if os.Getenv("OC_DEBUG") != "" {
+			return slog.LevelDebug
+		}
+		return slog.LevelError
+	}()}))
 )
 
 func envOr(k, d string) string {

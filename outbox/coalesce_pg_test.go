@@ -17,7 +17,8 @@ import (
 
 // TestNotifyIntervalCoalesces: with NotifyInterval, of the publishes made
 // within one interval (one after another, or eight at once) exactly one
-// notifies, and its payload carries the follow-up delay in microseconds;
+// notifies, and its payload carries the follow-up step in microseconds
+// (2ms, the cap, for an interval of an hour);
 // with NotifyEvery every publish notifies with an empty payload.
 func TestNotifyIntervalCoalesces(t *testing.T) {
 	t.Parallel()
@@ -67,8 +68,8 @@ func TestNotifyIntervalCoalesces(t *testing.T) {
 	for range 3 {
 		publish(e.ob)
 	}
-	if got := received("m1"); len(got) != 1 || got[0] != "3600000000" {
-		t.Fatalf("three publishes in one interval notified %q, want one notification with payload 3600000000", got)
+	if got := received("m1"); len(got) != 1 || got[0] != "2000" {
+		t.Fatalf("three publishes in one interval notified %q, want one notification with payload 2000 (the 2ms step)", got)
 	}
 	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: e.table, NotifyInterval: time.Hour})
 	if err != nil {
@@ -259,7 +260,7 @@ func TestWakeWindowBackToPoll(t *testing.T) {
 		// minEarly, at most maxEarly
 		minEarly, maxEarly int
 	}{
-		{"coalescing (default)", 0, 10, 40},
+		{"coalescing (default)", 0, 5, 45}, // about 31 at a 2ms step; a claim held up on a loaded host costs several
 		{"NotifyEvery", outbox.NotifyEvery, 1, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

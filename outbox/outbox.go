@@ -54,11 +54,13 @@ type Config struct {
 	// per NotifyInterval, and a Publish within the interval after one that
 	// notified sends its INSERT without NOTIFY (a silent publish). The
 	// notification that is sent asks the relays it wakes to keep claiming
-	// at short intervals for a while: every NotifyInterval at first, then
-	// at intervals that grow with the time since the wake-up (an eighth of
-	// it) until they reach the relay's PollInterval. So a silent publish
-	// whose transaction commits t after the notifying one's is claimed
-	// within about max(NotifyInterval, t/8) of its commit. A silent publish
+	// at short intervals for a while: every 2ms (or NotifyInterval, if
+	// shorter) at first, then at intervals that grow with the time since
+	// the wake-up, or since a follow-up claim last found messages (an
+	// eighth of it), until they reach the relay's PollInterval. So a
+	// silent publish whose transaction commits t after the notifying one's
+	// (or after the relay last found messages) is claimed within about
+	// max(2ms, t/8) of its commit. A silent publish
 	// whose notifying publish rolled back, with no other notification
 	// near, waits for the relay's poll (RelayConfig.PollInterval).
 	//
@@ -169,7 +171,7 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	if notify {
 		o.wakeLoud.Send = true
 		if cfg.NotifyInterval > 0 {
-			o.wakeLoud.Payload = wakePayload(cfg.NotifyInterval)
+			o.wakeLoud.Payload = wakePayload(min(cfg.NotifyInterval, maxFollowUpStep))
 		}
 	}
 	return o, nil

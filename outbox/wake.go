@@ -5,6 +5,14 @@ import (
 	"time"
 )
 
+// maxFollowUpStep bounds the follow-up step a coalescing publisher's
+// notification asks for (see Config.NotifyInterval): how long a silent
+// publish committed while relays are following up waits for the next
+// claim, at most. Notifications are coalesced for the publishers' sake
+// (their commits); the follow-ups are the relays' claims, short enough
+// that the wait stays under the time a claim takes on a busy server.
+const maxFollowUpStep = 2 * time.Millisecond
+
 // wakePayload is the payload asking relays to claim again after d: its
 // microseconds as decimal text (at least 1).
 func wakePayload(d time.Duration) string {
@@ -35,9 +43,11 @@ func followUp(payload string) time.Duration {
 // A publish made silent by coalescing is found within about an eighth of
 // the time its transaction committed after the wake-up, so the longer
 // transactions that open the hole are covered too, and an idle relay
-// pays about 8 + 8.5*ln(PollInterval/(8*step)) claims per wake-up window
-// (54 with the defaults, over 8 s, where polling alone makes 8) instead
-// of one per step.
+// pays about 8 + 8.5*ln(PollInterval/step) claims per wake-up window
+// (61 with the defaults' 2ms step and 1s poll, over 8 s, where polling
+// alone makes 8) instead of one per step: 8 at the step, then one each
+// time the time since the wake-up grows by an eighth (1/ln(9/8) = 8.5 per
+// factor e) from 8 steps to 8 poll intervals.
 const wakeDecay = 8
 
 // nextFollowUp returns the delay before a woken relay's next claim, given
