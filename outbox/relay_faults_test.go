@@ -89,7 +89,7 @@ func TestSettleFailureLoggedNotFatal(t *testing.T) {
 	var failSettles atomic.Int32
 	failSettles.Store(1)
 	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
-		if strings.HasPrefix(q, "DELETE") && failSettles.Add(-1) >= 0 {
+		if isSettleDelete(q) && failSettles.Add(-1) >= 0 {
 			return errors.New("injected settle failure")
 		}
 		return nil

@@ -175,3 +175,7 @@ func rowState(t testing.TB, e *env, id outbox.ID) (state string, attempts int, l
 	}
 	return state, attempts, lastErr
 }
+
+// isSettleDelete reports whether q is the PostgreSQL settle statement that
+// deletes successes (not a claim carrying them).
+func isSettleDelete(q string) bool { return strings.HasPrefix(q, "WITH s AS (DELETE") }

@@ -25,7 +25,7 @@ func TestSettleFailureRetried(t *testing.T) {
 	failRetry.Store(1)
 	db := &faultDB{inner: pgxtx.FromPool(pool(t)), fail: func(q string) error {
 		switch {
-		case strings.HasPrefix(q, "DELETE") && failDelete.Add(-1) >= 0:
+		case isSettleDelete(q) && failDelete.Add(-1) >= 0:
 			return errors.New("injected settle failure (delete)")
 		case strings.Contains(q, "SET state = 'pending', last_error") && failRetry.Add(-1) >= 0:
 			return errors.New("injected settle failure (retry)")

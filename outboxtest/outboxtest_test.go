@@ -73,7 +73,7 @@ func TestExpectations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(st.Query, "pg_notify('outbox', '3600000000')") || st.QuietQuery == "" || strings.Contains(st.QuietQuery, "pg_notify") {
+		if !strings.Contains(st.Query, "pg_notify('outbox', '2000')") || st.QuietQuery == "" || strings.Contains(st.QuietQuery, "pg_notify") {
 			t.Fatalf("Query %q\nQuietQuery %q", st.Query, st.QuietQuery)
 		}
 		db, mock, _ := sqlmock.New()

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -61,17 +62,19 @@ SELECT ` + claimedColumns + ` FROM claimed`
 const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, ` + kindClaimed + `, created_at`
 
 // The kind of a row a claim returns, as an integer (no string to allocate
-// per row): claimed, dead-lettered at claim, or a carried success settled.
+// per row): claimed, dead-lettered at claim, or a carried success that was
+// not written (fenced off).
 const (
-	kindClaimed = `CASE WHEN state = 'dead' THEN 1 ELSE 0 END`
-	rowDead     = 1
-	rowSettled  = 2
+	kindClaimed  = `CASE WHEN state = 'dead' THEN 1 ELSE 0 END`
+	rowDead      = 1
+	rowFencedOff = 2
 )
 
 // ClaimSettleSQL is ClaimSQL that also settles successes in the same
 // statement, and so the same commit: $5 ids and $6 attempts (array
 // literals) are deleted (or marked delivered when keep is true), fenced as in
-// SettleSQL, and returned as rows of kind rowSettled. The claim's UPDATE
+// SettleSQL; those it did not write (fenced off) are returned as rows of
+// kind rowFencedOff, usually none. The claim's UPDATE
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
 func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
@@ -80,10 +83,11 @@ func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics) + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
-SELECT id::text, '', '', NULL, NULL, attempts, 0, ` + strconv.Itoa(rowSettled) + `, created_at FROM done`
+SELECT f.id::text, '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowFencedOff) + `, now() FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
+    WHERE f.id NOT IN (SELECT id FROM done)`
 }
 
 // claimCTE returns the claim's WITH clause: due (the rows to claim,
@@ -220,7 +224,7 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	// the key (when set), payload and headers are allocated; the id is
 	// decoded from the driver's bytes and the topic is one of p.Topics.
 	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
-	var done []outboxdriver.Fence
+	var off []outboxdriver.Fence
 	var c outboxdriver.Claimed
 	var kind int
 	dest := []any{idDest{&c.ID}, topicDest{&c.Topic, p.Topics}, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
@@ -229,14 +233,22 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, err
 		}
-		if kind == rowSettled {
-			done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
+		if kind == rowFencedOff {
+			off = append(off, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 			continue
 		}
 		c.Dead = kind == rowDead
 		claimed = append(claimed, c)
 	}
-	return claimed, done, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	var done []outboxdriver.Fence
+	if len(p.Done) > 0 {
+		// A copy: p.Done is the relay's buffer, reused by its next claim.
+		done = applied(slices.Clone(p.Done), off)
+	}
+	return claimed, done, nil
 }
 
 // idDest scans an id's text form (id::text) into an ID without making a
@@ -347,23 +359,55 @@ func fenceArrays(fences []outboxdriver.Fence) (ids, attempts string) {
 // would compare every pair with every row).
 const fenceJoin = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`
 
+// fenceReturning returns the fences a renewal wrote (renewals are few: the
+// leases of handlers running for a third of the lease).
 const fenceReturning = ` RETURNING o.id::text, o.attempts`
+
+// fencedOff wraps a settle statement that returns the ids it wrote
+// (RETURNING o.id) so that it returns the fences it did not write instead:
+// those of $1 (ids) and $2 (attempts) missing from its RETURNING. Every
+// fence is usually written, so the statement usually returns no row, and
+// the relay reads nothing back per message (see applied).
+func fencedOff(stmt string) string {
+	return `WITH s AS (` + stmt + ` RETURNING o.id)
+SELECT f.id::text, f.attempts FROM unnest($1::uuid[], $2::integer[]) AS f(id, attempts) WHERE f.id NOT IN (SELECT id FROM s)`
+}
+
+// applied returns the fences of all that are not among fenced (what a
+// fencedOff statement returned): all itself when none was fenced off.
+func applied(all, fenced []outboxdriver.Fence) []outboxdriver.Fence {
+	if len(fenced) == 0 {
+		return all
+	}
+	off := make(map[outboxdriver.ID]bool, len(fenced))
+	for _, f := range fenced {
+		off[f.ID] = true
+	}
+	out := make([]outboxdriver.Fence, 0, len(all)-len(fenced))
+	for _, f := range all {
+		if !off[f.ID] {
+			out = append(out, f)
+		}
+	}
+	return out
+}
 
 // SettleSQL returns the fenced settle statements for table t: done (delete
 // or mark delivered), retry, dead (mark or delete). Each takes $1 ids
 // (uuid[] literal) and $2 attempts (integer[] literal); retry also takes
 // $3 delays in seconds, $4 absolute times and $5 errors; dead takes $3 errors.
+// Each returns the (id, attempts) pairs it did not write (see fencedOff).
 func SettleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
 	tbl := QuoteTable(t)
 	const pairs = ` unnest($1::uuid[], $2::integer[]) AS v(id, attempts)`
-	deleteDone = `DELETE FROM ` + tbl + ` AS o USING` + pairs + fenceJoin + fenceReturning
-	markDelivered = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM` + pairs + fenceJoin + fenceReturning
-	retry = `UPDATE ` + tbl + ` AS o SET state = 'pending', last_error = v.err,
+	deleteDone = fencedOff(`DELETE FROM ` + tbl + ` AS o USING` + pairs + fenceJoin)
+	markDelivered = fencedOff(`UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM` + pairs + fenceJoin)
+	retry = fencedOff(`UPDATE ` + tbl + ` AS o SET state = 'pending', last_error = v.err,
     available_at = CASE WHEN v.at IS NULL THEN now() + make_interval(secs => v.delay) ELSE greatest(now(), v.at) END
-FROM unnest($1::uuid[], $2::integer[], $3::float8[], $4::timestamptz[], $5::text[]) AS v(id, attempts, delay, at, err)` + fenceJoin + fenceReturning
-	markDead = `UPDATE ` + tbl + ` AS o SET state = 'dead', settled_at = now(), last_error = v.err
-FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fenceJoin + fenceReturning
-	deleteDead = `DELETE FROM ` + tbl + ` AS o USING` + pairs + ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state IN ('processing', 'dead')` + fenceReturning
+FROM unnest($1::uuid[], $2::integer[], $3::float8[], $4::timestamptz[], $5::text[]) AS v(id, attempts, delay, at, err)` + fenceJoin)
+	markDead = fencedOff(`UPDATE ` + tbl + ` AS o SET state = 'dead', settled_at = now(), last_error = v.err
+FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fenceJoin)
+	deleteDead = fencedOff(`DELETE FROM ` + tbl + ` AS o USING` + pairs + ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state IN ('processing', 'dead')`)
 	return
 }
 
@@ -371,19 +415,23 @@ func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver
 	done, retry, dead := sqlbuild.ByKind(s)
 	st := d.texts.settle.Get(t)
 	deleteDone, markDelivered, retrySQL, markDead, deleteDead := st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead
-	var applied []outboxdriver.Fence
+	var written []outboxdriver.Fence
 	run := func(xs []outboxdriver.Settlement, q string, extra ...func(x *outboxdriver.Settlement) (string, bool)) error {
 		if len(xs) == 0 {
 			return nil
 		}
-		ids, attempts := fenceArrays(sqlbuild.FencesOf(xs))
+		fences := sqlbuild.FencesOf(xs)
+		ids, attempts := fenceArrays(fences)
 		args := []any{ids, attempts}
 		for _, f := range extra {
 			args = append(args, arrayLiteral(len(xs), func(i int) (string, bool) { return f(&xs[i]) }))
 		}
-		got, err := sqlbuild.Fences(ctx, db, q, args...)
-		applied = append(applied, got...)
-		return err
+		off, err := sqlbuild.Fences(ctx, db, q, args...)
+		if err != nil {
+			return err
+		}
+		written = append(written, applied(fences, off)...)
+		return nil
 	}
 	errText := func(x *outboxdriver.Settlement) (string, bool) { return x.Error, true }
 	q := deleteDone
@@ -391,7 +439,7 @@ func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver
 		q = markDelivered
 	}
 	if err := run(done, q); err != nil {
-		return applied, fmt.Errorf("settle done: %w", err)
+		return written, fmt.Errorf("settle done: %w", err)
 	}
 	err := run(retry, retrySQL,
 		func(x *outboxdriver.Settlement) (string, bool) {
@@ -402,7 +450,7 @@ func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver
 		},
 		errText)
 	if err != nil {
-		return applied, fmt.Errorf("settle retry: %w", err)
+		return written, fmt.Errorf("settle retry: %w", err)
 	}
 	if p.DiscardDead {
 		err = run(dead, deleteDead)
@@ -410,9 +458,9 @@ func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver
 		err = run(dead, markDead, errText)
 	}
 	if err != nil {
-		return applied, fmt.Errorf("settle dead: %w", err)
+		return written, fmt.Errorf("settle dead: %w", err)
 	}
-	return applied, nil
+	return written, nil
 }
 
 // RenewSQL returns the lease renewal statement: $1 ids and $2 attempts as
