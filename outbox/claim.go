@@ -132,7 +132,13 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				woke = now
 			}
 			next := r.cfg.PollInterval
-			if trail > 0 {
+			switch {
+			case trail > 0 && len(claimed) > 0:
+				// Following up and finding messages: traffic is flowing
+				// and more silent publishes are committing; claim again at
+				// once, as a notification per publish would make it.
+				next = 0
+			case trail > 0:
 				var hot bool
 				if next, hot = nextFollowUp(trail, now.Sub(woke), r.cfg.PollInterval); !hot {
 					trail = 0

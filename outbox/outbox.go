@@ -57,7 +57,9 @@ type Config struct {
 	// at short intervals for a while: every 2ms (or NotifyInterval, if
 	// shorter) at first, then at intervals that grow with the time since
 	// the wake-up, or since a follow-up claim last found messages (an
-	// eighth of it), until they reach the relay's PollInterval. So a
+	// eighth of it), until they reach the relay's PollInterval; a
+	// follow-up claim that finds messages is followed at once by another,
+	// as a notification per publish would make it. So a
 	// silent publish whose transaction commits t after the notifying one's
 	// (or after the relay last found messages) is claimed within about
 	// max(2ms, t/8) of its commit. A silent publish
