@@ -110,7 +110,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		for _, p := range []struct {
 			name                  string
 			producers, txs, perTx int
-		}{{"publish-1", 1, 1000, 1}, {"publish-8", 8, 2000, 1}, {"publish-100", 1, 200, 100}} {
+		}{{"publish-1", 1, 3000, 1}, {"publish-8", 8, 2000, 1}, {"publish-100", 1, 200, 100}} {
 			if !want(p.name) {
 				continue
 			}
