@@ -79,8 +79,8 @@ func TestRunSchemaChecks(t *testing.T) {
 				t.Errorf("%s, table %s: Run = %v, want %v", name, table, err, want)
 				continue
 			}
-			if took > time.Second {
-				t.Errorf("%s, table %s: Run took %v to fail, want under 1s", name, table, took)
+			if took > 3*time.Second { // fast: a retrying relay runs until runErr's 5 s
+				t.Errorf("%s, table %s: Run took %v to fail, want under 3s", name, table, took)
 			}
 			if n := strings.Count(err.Error(), "outbox:"); n != 1 {
 				t.Errorf("%s: %q says outbox: %d times", name, err, n)
@@ -168,7 +168,8 @@ func TestHealth(t *testing.T) {
 
 // TestListenerCutRepeatedly: the listener's connection is terminated 8
 // times, 3 s apart. A connection that reached LISTEN counts as a recovery,
-// so each time the listener is back within a second and wake-ups resume
+// so each time the listener is back at once (within 3 s on a loaded host)
+// and wake-ups resume
 // (the poll interval is a minute: only a notification delivers in time).
 // Before the fix the reconnect backoff grew with every cut (0.1, 0.2, 0.4
 // ... s) and the later cuts left the relay deaf for seconds.
@@ -191,8 +192,11 @@ func TestListenerCutRepeatedly(t *testing.T) {
 			t.Fatal(err)
 		}
 		for r.Health().ListenerConnects < i+1 {
-			if time.Since(cut) > time.Second {
-				t.Fatalf("cut %d: listener not back within 1s (health %+v)", i, r.Health())
+			// 3 s: room for a loaded host, and still short of what a
+			// backoff that grew with the cuts would wait by the sixth
+			// (0.1 s doubling: 3.2 s).
+			if time.Since(cut) > 3*time.Second {
+				t.Fatalf("cut %d: listener not back within 3s (health %+v)", i, r.Health())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}

@@ -343,24 +343,27 @@ func claimTopics(t *testing.T, e *env) {
 
 func leaseReclaim(t *testing.T, e *env) {
 	res := e.publish(t, outbox.Message{Topic: "t"})
-	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 50 * time.Millisecond, MaxAttempts: 3}
+	// A lease of half a second: the second claim comes right after the
+	// first, and a loaded host (CI beside other work) can hold a test up
+	// for longer than a shorter lease.
+	p := outboxdriver.ClaimParams{Topics: []string{"t"}, Limit: 10, Lease: 500 * time.Millisecond, MaxAttempts: 3}
 	if cs := claim(t, e, p); len(cs) != 1 || cs[0].Attempts != 1 {
 		t.Fatalf("first claim %v", cs)
 	}
 	if cs := claim(t, e, p); len(cs) != 0 {
 		t.Fatalf("claimed again within the lease: %v", cs)
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	cs := claim(t, e, p)
 	if len(cs) != 1 || cs[0].ID != res[0].ID || cs[0].Attempts != 2 {
 		t.Fatalf("after the lease: %v, want attempt 2", cs)
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	cs = claim(t, e, p)
 	if len(cs) != 1 || cs[0].Attempts != 3 {
 		t.Fatalf("third claim %v", cs)
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	cs = claim(t, e, p) // attempts reached MaxAttempts: dead at claim
 	if len(cs) != 1 || !cs[0].Dead || cs[0].Attempts != 3 {
 		t.Fatalf("claim past max attempts: %v, want dead at 3", cs)

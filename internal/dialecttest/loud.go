@@ -34,8 +34,10 @@ func runChecksTable(t *testing.T, e *env) {
 	if !errors.Is(err, outbox.ErrTableMissing) {
 		t.Fatalf("Run on a missing table: %v, want ErrTableMissing", err)
 	}
-	if took > time.Second {
-		t.Errorf("Run took %v to fail, want under 1s", took)
+	// Failing fast is the promise: a relay that retried would run until
+	// the context's 10 s. 5 s leaves room for a loaded host.
+	if took > 5*time.Second {
+		t.Errorf("Run took %v to fail, want under 5s", took)
 	}
 	if n := strings.Count(err.Error(), "outbox:"); n != 1 {
 		t.Errorf("%q says outbox: %d times", err, n)
