@@ -61,6 +61,10 @@ type Relay struct {
 	// successes a claim carries.
 	claimDone   []queued
 	claimFences []outboxdriver.Fence
+
+	// ord is the state of ordered delivery (see ordered.go), nil unless
+	// the Outbox has OrderByKey.
+	ord *orderedRelay
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -86,6 +90,9 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		handlers: map[string]Handler{},
 		inflight: map[*claimBatch]struct{}{},
 		wake:     make(chan struct{}, 1),
+	}
+	if err := r.initOrdered(); err != nil {
+		return nil, err
 	}
 	if cfg.Listen != ListenOff {
 		l, ok := db.(outboxdriver.Listener)
@@ -204,6 +211,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	stopSettler := make(chan struct{})
 	go r.settleLoop(context.WithoutCancel(ctx), stopSettler)
 
+	stopRuns := r.startRuns(ctx)
+
 	var workers sync.WaitGroup
 	runErr := r.claimLoop(ctx, handlersCtx, &workers, checked)
 	r.health.set(func(h *Health) { h.Draining = true })
@@ -228,6 +237,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	bgWG.Wait()
 	close(stopSettler)
 	<-r.out.stopped
+	stopRuns()
 	return runErr
 }
 
@@ -237,6 +247,9 @@ func (r *Relay) check(ctx context.Context) (checked bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	err = r.d.Check(cctx, r.db, r.ob.table)
+	if err == nil {
+		err = r.checkOrdered(cctx)
+	}
 	switch {
 	case err == nil:
 		return true, nil
