@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +21,22 @@ func TestChaos(t *testing.T) {
 	for _, driver := range []string{"pgx", "libpq"} {
 		t.Run(driver, func(t *testing.T) {
 			chaostest.Run(t, pgBackend(driver), chaostest.FromEnv())
+		})
+	}
+}
+
+// TestOrderedChaos runs the checker of ordered delivery
+// (chaostest.RunOrdered) on PostgreSQL through native pgx; under
+// OUTBOX_RELIABILITY=long (a relay SIGKILLed every 200-800 ms) through
+// lib/pq too.
+func TestOrderedChaos(t *testing.T) {
+	drivers := []string{"pgx"}
+	if os.Getenv("OUTBOX_RELIABILITY") == "long" {
+		drivers = append(drivers, "libpq")
+	}
+	for _, driver := range drivers {
+		t.Run(driver, func(t *testing.T) {
+			chaostest.RunOrdered(t, pgBackend(driver), chaostest.OrderedFromEnv())
 		})
 	}
 }

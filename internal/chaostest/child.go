@@ -59,6 +59,9 @@ func runChild(t *testing.T, b Backend, role string) {
 		if err := r.Run(ctx); err != nil {
 			t.Fatal(err)
 		}
+	case "ordered-relay": // the ordered checker's (ordered.go)
+		lease, _ := time.ParseDuration(os.Getenv(envLease))
+		runOrderedRelay(ctx, t, b, c, serial, lease)
 	case "publisher":
 		rate, _ := strconv.ParseFloat(os.Getenv(envRate), 64)
 		publish(ctx, c, ob, rate, rng)
