@@ -31,6 +31,8 @@ var orderedCases = []struct {
 	{"OrderedHaltRedriveSkip", orderedHaltRedriveSkip},
 	{"OrderedContinue", orderedContinue},
 	{"OrderedStats", orderedStats},
+	{"OrderedSettleWaitsForPublisher", orderedSettleWaitsForPublisher},
+	{"OrderedSpentHead", orderedSpentHead},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
@@ -595,5 +597,72 @@ func orderedStats(t *testing.T, e *env) {
 	}
 	if !slices.Equal(rs.UnhandledHeads, []string{"x", "z"}) {
 		t.Errorf("UnhandledHeads %v, want [x z]", rs.UnhandledHeads)
+	}
+}
+
+// orderedSettleWaitsForPublisher: the settle of a key's run waits for an
+// open transaction that publishes for the key, and then promotes the
+// message that transaction stored (settling without waiting would not see
+// it, leaving it blocked behind no head).
+func orderedSettleWaitsForPublisher(t *testing.T, e *env) {
+	ctx := context.Background()
+	h := e.publish(t, outbox.Message{Topic: "x", Key: "K"})
+	cs := e.claimOrdered(t, 10, 10, time.Minute)
+	if len(cs) != 1 || cs[0].ID != h[0].ID {
+		t.Fatalf("claimed %v", cs)
+	}
+	tx := e.Begin(t)
+	m, err := e.ob.Publish(ctx, tx.Tx, outbox.Message{Topic: "x", Key: "K"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan []outboxdriver.Fence, 1)
+	go func() {
+		applied, err := e.od(t).SettleRuns(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{},
+			[]outboxdriver.RunOutcome{{Head: outboxdriver.Fence{ID: h[0].ID, Attempts: 1}, Key: "K", Done: []outbox.ID{h[0].ID}}})
+		if err != nil {
+			t.Error(err)
+		}
+		settled <- applied
+	}()
+	select {
+	case <-settled:
+		t.Fatal("the settle did not wait for the open publish of its key")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if applied := <-settled; len(applied) != 1 {
+		t.Fatalf("applied %v", applied)
+	}
+	if got := e.states(t, h[0].ID, m.ID); got != "gone pending" {
+		t.Errorf("states %q, want the published message promoted", got)
+	}
+}
+
+// orderedSpentHead: a head whose attempts are spent (claimed again after
+// lapsed leases) is dead-lettered without running its handler, under its
+// key's policy: Halt keeps the key waiting.
+func orderedSpentHead(t *testing.T, e *env) {
+	ids := resIDs(e.publish(t, outbox.Message{Topic: "x", Key: "K"}, outbox.Message{Topic: "x", Key: "K"}))
+	e.claimOrdered(t, 10, 10, time.Second)
+	time.Sleep(1100 * time.Millisecond)
+	if cs := e.claimOrdered(t, 10, 10, time.Second); len(cs) != 1 || cs[0].Attempts != 2 {
+		t.Fatalf("second claim %v", cs)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	var calls atomic.Int32
+	e.relay(t, outbox.RelayConfig{MaxAttempts: 2}, map[string]outbox.Handler{"x": func(context.Context, outbox.Delivery) error {
+		calls.Add(1)
+		return nil
+	}})
+	waitFor(t, "dead", func() bool { return e.states(t, ids...) == "dead blocked" })
+	time.Sleep(100 * time.Millisecond)
+	if n := calls.Load(); n != 0 {
+		t.Errorf("%d handler calls for a spent head and the message behind it", n)
+	}
+	if e.count(t, idIs(ids[0])+" AND last_error = 'max attempts reached'") != 1 {
+		t.Error("the spent head's last_error is not 'max attempts reached'")
 	}
 }
