@@ -312,6 +312,10 @@ func lockKeys(t outboxdriver.Table) string {
 // errors, $9 halt; and one per success: $10 ids and $11 the (1-based) run
 // they belong to. keep marks successes delivered instead of deleting
 // them. It returns the fences of the heads that held.
+//
+// A head dead under Halt keeps settled_at NULL: Purge deletes only rows
+// settled before a time, so it never deletes a halted head (its key would
+// wait forever for a message that no longer exists); SkipHead sets it.
 func SettleRunsSQL(t outboxdriver.Table, keep bool) string {
 	tbl := QuoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING d WHERE o.id = d.id AND o.state IN ('processing', 'blocked') RETURNING o.message_key`
@@ -334,7 +338,7 @@ failed AS (
         available_at = CASE WHEN ok.f_kind <> 1 THEN o.available_at
                             WHEN ok.f_at IS NULL THEN now() + make_interval(secs => ok.f_delay)
                             ELSE greatest(now(), ok.f_at) END,
-        settled_at   = CASE WHEN ok.f_kind = 1 THEN NULL ELSE now() END,
+        settled_at   = CASE WHEN ok.f_kind = 1 OR ok.halt THEN NULL ELSE now() END,
         last_error   = ok.f_err
     FROM ok WHERE o.id = ok.f_id AND ok.f_kind > 0 AND o.state IN ('processing', 'blocked')
     RETURNING o.id),
@@ -515,8 +519,9 @@ ORDER BY message_key FOR UPDATE`, topic)
 }
 
 // SkipHeadSQL returns the skip of key $1's head dead under Halt (after
-// the key is locked): the message stays dead, the key is no longer halted
-// and no longer counts it, and its first blocked message becomes pending.
+// the key is locked): the message stays dead (settled now, so Purge may
+// delete it from now on), the key is no longer halted and no longer counts
+// it, and its first blocked message becomes pending.
 // It returns the skipped message's id, no row when there was none.
 func SkipHeadSQL(t outboxdriver.Table) string {
 	tbl, keys := QuoteTable(t), keysTable(t)
@@ -528,8 +533,9 @@ nxt AS MATERIALIZED (
     WHERE o.message_key = $1 AND o.key_seq IS NOT NULL AND o.state = 'blocked' AND EXISTS (SELECT 1 FROM h)
     ORDER BY o.key_seq LIMIT 1),
 pr AS (UPDATE ` + tbl + ` AS o SET state = 'pending' FROM nxt WHERE o.id = nxt.id RETURNING 1),
+sk AS (UPDATE ` + tbl + ` AS o SET settled_at = now() FROM h WHERE o.id = h.id RETURNING 1),
 kk AS (UPDATE ` + keys + ` SET live = live - 1, halted_seq = NULL WHERE message_key = $1 AND EXISTS (SELECT 1 FROM h) RETURNING 1)
-SELECT id::text FROM h WHERE (SELECT count(*) FROM pr) >= 0 AND (SELECT count(*) FROM kk) >= 0`
+SELECT id::text FROM h`
 }
 
 func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, key string) (outboxdriver.ID, bool, error) {
