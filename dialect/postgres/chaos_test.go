@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,7 +57,14 @@ func pgBackend(driver string) chaostest.Backend {
 			c := &chaostest.Conn{Table: s + ".outbox", Business: s + ".chaos_orders", Ledger: s + ".chaos_ledger", Rebind: chaostest.Dollar}
 			switch driver {
 			case "pgx":
-				pool, err := pgxpool.New(ctx, tg["url"])
+				cfg, err := pgxpool.ParseConfig(tg["url"])
+				if err != nil {
+					return nil, err
+				}
+				if n, err := strconv.Atoi(tg["pool"]); err == nil {
+					cfg.MaxConns = int32(n) // the ordered checker's producers
+				}
+				pool, err := pgxpool.NewWithConfig(ctx, cfg)
 				if err != nil {
 					return nil, err
 				}

@@ -37,7 +37,9 @@ const Topic = "chaos"
 
 // Target says where a test's database is: whatever its [Backend] needs to
 // connect from a child process (a URL, a schema, a file). It crosses to the
-// children as JSON.
+// children as JSON. The ordered checker adds "pool" (a connection count)
+// to the target it opens in the test process, for its producers: a
+// backend with a pool of its own sizes it so.
 type Target map[string]string
 
 // Backend is one dialect and driver: how to make a database for a test and

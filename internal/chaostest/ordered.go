@@ -356,8 +356,14 @@ func (p *producers) run(ctx context.Context, seed uint64, idx int) {
 func runOrderedParent(t *testing.T, b Backend, o OrderedOptions) *OrderedReport {
 	ctx := context.Background()
 	target := b.Setup(t)
-	tj, _ := json.Marshal(target)
-	c, err := b.Open(ctx, target)
+	tj, _ := json.Marshal(target) // for the relays
+	// This process's connections serve the producers: a pool as large as
+	// they are many ("pool", for backends with a pool of their own).
+	mine := Target{"pool": strconv.Itoa(o.Producers + 2)}
+	for k, v := range target {
+		mine[k] = v
+	}
+	c, err := b.Open(ctx, mine)
 	if err != nil {
 		t.Fatal(err)
 	}
