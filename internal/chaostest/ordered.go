@@ -121,15 +121,7 @@ func RunOrdered(t *testing.T, b Backend, o OrderedOptions) {
 		o.Seed = rand.Uint64() >> 1
 	}
 	t.Logf("seed %d (replay with OUTBOX_CHAOS_SEED=%d)", o.Seed, o.Seed)
-	rep := runOrderedParent(t, b, o)
-	line, _ := json.Marshal(rep)
-	t.Logf("%s", line)
-	if f := os.Getenv("OUTBOX_CHAOS_REPORT"); f != "" {
-		if fh, err := os.OpenFile(f, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
-			fmt.Fprintf(fh, "%s\n", line)
-			fh.Close()
-		}
-	}
+	writeReport(t, runOrderedParent(t, b, o))
 }
 
 // runOrderedRelay is an ordered relay child: it handles the checker's
@@ -179,17 +171,8 @@ func failing(id string, attempt int, rate float64) bool {
 // dead-lettered until the run heals).
 func orderedHandler(c *Conn, proc int, rate float64) outbox.Handler {
 	tb := tablesOf(c)
-	ins := c.q(`INSERT INTO ` + tb.ledger + ` (id, k, attempt, kind, proc) VALUES (?, ?, ?, ?, ?)`)
 	poison := c.q(`SELECT (SELECT version FROM ` + tb.msg + ` WHERE id = ?) = 5 AND NOT EXISTS (SELECT 1 FROM ` + tb.healed + `)`)
-	record := func(ctx context.Context, d outbox.Delivery, kind string) error {
-		for {
-			_, err := c.ledger().ExecContext(ctx, ins, d.ID.String(), d.Key, d.Attempt, kind, proc)
-			if err == nil || ctx.Err() != nil {
-				return err
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	record := recorder(c, tb.ledger, proc)
 	return func(ctx context.Context, d outbox.Delivery) error {
 		if err := record(ctx, d, "S"); err != nil {
 			return err
@@ -227,7 +210,7 @@ func createOrderedTables(ctx context.Context, c *Conn, keys []string) error {
 			return err
 		}
 	}
-	if _, err := c.ledger().ExecContext(ctx, `CREATE TABLE `+tb.ledger+` (n bigserial PRIMARY KEY, id text NOT NULL, k text NOT NULL,
+	if _, err := c.ledger().ExecContext(ctx, `CREATE TABLE `+tb.ledger+` (n bigserial PRIMARY KEY, id text NOT NULL, bkey text NOT NULL,
 		attempt integer NOT NULL, kind char(1) NOT NULL, proc integer NOT NULL)`); err != nil {
 		return err
 	}
@@ -562,7 +545,7 @@ func verdict(t *testing.T, c *Conn, killed map[int]bool, o OrderedOptions, heale
 		t.Errorf("%d messages committed, want %d", len(version), o.Keys*o.PerKey)
 	}
 	byKey := map[string][]ledgerRow{}
-	lr, err := c.ledger().Query(`SELECT n, id, k, attempt, kind, proc FROM ` + tb.ledger + ` ORDER BY n`)
+	lr, err := c.ledger().Query(`SELECT n, id, bkey, attempt, kind, proc FROM ` + tb.ledger + ` ORDER BY n`)
 	if err != nil {
 		t.Fatal(err)
 	}
