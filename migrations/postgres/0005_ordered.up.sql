@@ -24,9 +24,11 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_state_check
 ALTER TABLE outbox VALIDATE CONSTRAINT outbox_state_check;
 
 -- Serves a claim's runs (the blocked messages after a head), promotion
--- (the next blocked message of a key) and redrive.
+-- (the next blocked message of a key), a key's head and its halted head
+-- (redrive, skip). Delivered rows (KeepDelivered) are left out, so a hot
+-- key's history does not lengthen the walk to its next message.
 CREATE INDEX outbox_key_seq_idx ON outbox (message_key, key_seq)
-    WHERE key_seq IS NOT NULL;
+    WHERE key_seq IS NOT NULL AND state IN ('pending', 'processing', 'blocked', 'dead');
 
 -- One row per key published ordered: the last key_seq given, the key's
 -- messages not settled for good (live), and the key_seq of a head dead

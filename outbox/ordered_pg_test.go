@@ -1,0 +1,62 @@
+package outbox_test
+
+import (
+	"regexp"
+	"testing"
+
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// outboxSeqScan matches a sequential scan of the outbox table (not of
+// outbox_keys).
+var outboxSeqScan = regexp.MustCompile(`Seq Scan on outbox( |$)`)
+
+// TestOrderedPlansUseIndexes: with 200,000 ordered messages (2,000 keys of
+// 100, one head each, and a hot key's delivered history kept) the ordered
+// claim reads heads from the claim index and runs from the key index, and
+// the settle of runs, the skip of a head and the ordered publish find
+// their rows by index: no sequential scan of the table.
+func TestOrderedPlansUseIndexes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{OrderByKey: true})
+	admin := pgtest.Admin(t)
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, message_key, key_seq, state, available_at)
+		SELECT gen_random_uuid(), 't' || (g % 3), 'k' || (g / 100), g % 100 + 1,
+		       CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'blocked' END, now() - make_interval(secs => g)
+		FROM generate_series(0, 199999) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, message_key, key_seq, state, settled_at)
+		SELECT gen_random_uuid(), 't0', 'k0', -g, 'delivered', now() FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + `_keys (message_key, last_seq, live) SELECT 'k' || g, 100, 100 FROM generate_series(0, 1999) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`ANALYZE ` + e.table + `; ANALYZE ` + e.table + `_keys`); err != nil {
+		t.Fatal(err)
+	}
+	id := outbox.NewID().String()
+	tbl := e.ob.Table()
+	ins, err := e.ob.PublishSQL(outbox.Message{Topic: "t0", Key: "k7"}, outbox.Message{Topic: "t1", Key: "k8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, plan := range map[string]string{
+		"claim one":  explainPlan(t, postgres.OrderedClaimSQL(tbl, 1, false), "t0", 100, 30.0, 10, "{"+id+"}", "{1}", "{t0}", 100),
+		"claim":      explainPlan(t, postgres.OrderedClaimSQL(tbl, 2, false), "{t0,t1}", 100, 30.0, 10, "{}", "{}", "{t0,t1}", 100),
+		"settle run": explainPlan(t, postgres.SettleRunsSQL(tbl, false), "{"+id+"}", "{1}", "{k0}", "{NULL}", "{0}", "{0}", "{NULL}", "{NULL}", "{f}", "{"+id+"}", "{1}"),
+		"skip head":  explainPlan(t, postgres.SkipHeadSQL(tbl), "k0"),
+		"publish":    explainPlan(t, ins.Query, ins.Args...),
+	} {
+		if outboxSeqScan.MatchString(plan) {
+			t.Errorf("%s plan scans the table:\n%s", name, plan)
+		}
+		if name != "publish" && !regexp.MustCompile(`outbox_key_seq_idx`).MatchString(plan) {
+			t.Errorf("%s plan does not use the key index:\n%s", name, plan)
+		}
+		t.Logf("%s:\n%s", name, plan)
+	}
+}
