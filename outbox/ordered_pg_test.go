@@ -1,11 +1,14 @@
 package outbox_test
 
 import (
+	"context"
 	"regexp"
 	"testing"
 
+	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -58,5 +61,59 @@ func TestOrderedPlansUseIndexes(t *testing.T) {
 			t.Errorf("%s plan does not use the key index:\n%s", name, plan)
 		}
 		t.Logf("%s:\n%s", name, plan)
+	}
+}
+
+// TestOrderedMigrationDown: 0005's down file keeps the messages (blocked
+// ones become pending) and restores the former schema, on a table in its
+// own schema with a custom name; its up file then applies again.
+func TestOrderedMigrationDown(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	table := schema + ".events"
+	admin := pgtest.Admin(t)
+	if err := postgres.Migrate(context.Background(), admin, table); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: table, OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.PublishBatch(context.Background(), sqltx.From(tx), []outbox.Message{{Topic: "t", Key: "k"}, {Topic: "t", Key: "k"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	migs, err := migrations.Load(migrations.Postgres(), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := migs[len(migs)-1]
+	if m.Version != 5 {
+		t.Fatalf("last migration %d, want 5", m.Version)
+	}
+	if _, err := admin.Exec(m.Down); err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	if n := count(t, table, "state = 'pending'"); n != 2 {
+		t.Errorf("%d pending messages after the down migration, want 2", n)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + table + ` (id, topic, state) VALUES (gen_random_uuid(), 't', 'blocked')`); err == nil {
+		t.Error("the down migration left state 'blocked' allowed")
+	}
+	var keys *string
+	if err := admin.QueryRow(`SELECT to_regclass($1)::text`, table+"_keys").Scan(&keys); err != nil || keys != nil {
+		t.Errorf("keys table after the down migration: %v %v", keys, err)
+	}
+	if _, err := admin.Exec(m.Up); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if err := admin.QueryRow(`SELECT to_regclass($1)::text`, table+"_keys").Scan(&keys); err != nil || keys == nil || *keys != table+"_keys" {
+		t.Errorf("keys table after the up migration: %v %v", keys, err)
 	}
 }
