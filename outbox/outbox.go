@@ -274,6 +274,9 @@ type Statement struct {
 // PublishSQL returns the exact statement Publish or PublishBatch sends for
 // msgs, for documentation and for pinning SQL in tests (see the outboxtest
 // package). It validates msgs like Publish. Each call generates fresh ids.
+// With Config.OrderByKey, when an ordered message has a DedupKey, Publish
+// sends a second statement that numbers the messages stored
+// ([outboxdriver.OrderedDialect]); the Statement does not show it.
 func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	rows, err := o.rows(msgs)
 	if err != nil {
