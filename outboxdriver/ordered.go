@@ -53,9 +53,12 @@ type OrderedDialect interface {
 	// SettleRuns, which applies its key's dead-letter policy, and a spent
 	// unordered row through Settle); each claimed row carries its KeySeq;
 	// and each claimed ordered head carries its Run: the blocked messages
-	// that follow it in its key, in key_seq order, up to runLimit, stopping
-	// before the first one that is not due or whose topic is not among
-	// p.Topics. The run's rows are left blocked.
+	// that follow it in its key, in key_seq order, stopping before the
+	// first one that is not due or whose topic is not among p.Topics.
+	// runLimit bounds the run members of the whole claim (so its memory):
+	// they are shared among the heads round-robin, each run a prefix of
+	// its key, so that one hot key gets a run of runLimit. The run's rows
+	// are left blocked.
 	ClaimOrdered(ctx context.Context, db DB, t Table, p ClaimParams, runLimit int) (claimed []Claimed, done []Fence, err error)
 
 	// SettleRuns writes the outcomes of claimed runs in one transaction:

@@ -187,7 +187,11 @@ FROM v JOIN k ON k.message_key = v.k WHERE o.id = v.id`, []any{textArray(s)}
 // then, for each claimed ordered head, its run: up to $8 blocked messages
 // that follow it in its key (through the index on (message_key,
 // key_seq)), cut before the first that is not due or whose topic is not
-// among $7 (a text[] literal). Rows: part (0 claimed, 1 run member, 2
+// among $7 (a text[] literal). $8 also bounds the run members of the
+// whole claim: they are shared among the heads round-robin (every head's
+// first, then every head's second...), so each run stays a prefix of its
+// key and a claim of many busy keys holds at most its heads and $8 more
+// messages in memory, while a claim of one hot key gets a run of $8. Rows: part (0 claimed, 1 run member, 2
 // carried success), then the claimed columns, key_seq (0 for none) and the
 // head's id for a run member.
 func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
@@ -201,7 +205,7 @@ heads AS (
     SELECT c.id, s.message_key AS hk, s.key_seq AS hseq FROM claimed c JOIN ` + tbl + ` s ON s.id = c.id
     WHERE s.key_seq IS NOT NULL),
 run AS (
-    SELECT h.id AS head, r.* FROM heads h CROSS JOIN LATERAL (
+    SELECT h.id AS head, r.*, row_number() OVER (PARTITION BY h.id ORDER BY r.key_seq) AS pos FROM heads h CROSS JOIN LATERAL (
         SELECT x.* FROM (
             SELECT b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq,
                 bool_and(b.available_at <= now() AND b.topic = ANY($7::text[])) OVER (ORDER BY b.key_seq) AS ok
@@ -209,10 +213,12 @@ run AS (
             WHERE b.message_key = h.hk AND b.key_seq > h.hseq AND b.state = 'blocked'
             ORDER BY b.key_seq
             LIMIT $8) x
-        WHERE x.ok) r)
+        WHERE x.ok) r),
+runs AS (
+    SELECT * FROM run ORDER BY pos, head LIMIT $8)
 SELECT 0, ` + claimedColumns + `, coalesce(h.hseq, 0), NULL FROM claimed LEFT JOIN heads h USING (id)
 UNION ALL
-SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM run
+SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM runs
 UNION ALL
 SELECT 2, id::text, '', '', NULL, NULL, attempts, 0, ` + strconv.Itoa(rowSettled) + `, created_at, 0, NULL FROM done
 ORDER BY 1, 11`

@@ -25,6 +25,7 @@ var orderedCases = []struct {
 	{"OrderedPublishSerialises", orderedPublishSerialises},
 	{"OrderedDedup", orderedDedup},
 	{"OrderedRunClaim", orderedRunClaim},
+	{"OrderedRunBudget", orderedRunBudget},
 	{"OrderedLeaseNoOvertake", orderedLeaseNoOvertake},
 	{"OrderedDelivery", orderedDelivery},
 	{"OrderedRetryBlocksOnlyItsKey", orderedRetryBlocksOnlyItsKey},
@@ -669,5 +670,34 @@ func orderedSpentHead(t *testing.T, e *env) {
 	}
 	if e.count(t, idIs(ids[0])+" AND last_error = 'max attempts reached'") != 1 {
 		t.Error("the spent head's last_error is not 'max attempts reached'")
+	}
+}
+
+// orderedRunBudget: the run limit bounds the run members of a whole claim,
+// shared among its heads, each run a prefix of its key.
+func orderedRunBudget(t *testing.T, e *env) {
+	var msgs []outbox.Message
+	for i := range 12 {
+		msgs = append(msgs, outbox.Message{Topic: "x", Key: fmt.Sprintf("K%d", i%3)})
+	}
+	e.publish(t, msgs...)
+	cs := e.claimOrdered(t, 10, 4, time.Minute)
+	if len(cs) != 3 {
+		t.Fatalf("claimed %d heads, want 3", len(cs))
+	}
+	members := 0
+	for _, c := range cs {
+		members += len(c.Run)
+		if len(c.Run) < 1 {
+			t.Errorf("head %s got no run member: the budget is not shared", c.Key)
+		}
+		for i, m := range c.Run {
+			if m.Key != c.Key || m.KeySeq != c.KeySeq+int64(i)+1 {
+				t.Errorf("run of %s: member %d is %s seq %d, not the next of its key", c.Key, i, m.Key, m.KeySeq)
+			}
+		}
+	}
+	if members != 4 {
+		t.Errorf("%d run members in the claim, want the limit, 4", members)
 	}
 }
