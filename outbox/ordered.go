@@ -295,6 +295,11 @@ func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
 	applied, err := r.ord.od.SettleRuns(ctx, r.db, r.ob.table, r.settleP, runs)
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
+	} else if len(applied) > 0 {
+		// The settle made the next message of these keys their head
+		// (nothing notifies of it): claim again now rather than at the
+		// next poll, or a hot key would move one run per poll interval.
+		r.signal()
 	}
 	r.report(ctx, len(batch), nil, applied, err)
 	return err

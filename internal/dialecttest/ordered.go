@@ -26,6 +26,7 @@ var orderedCases = []struct {
 	{"OrderedDedup", orderedDedup},
 	{"OrderedRunClaim", orderedRunClaim},
 	{"OrderedRunBudget", orderedRunBudget},
+	{"OrderedHotKeyWakes", orderedHotKeyWakes},
 	{"OrderedLeaseNoOvertake", orderedLeaseNoOvertake},
 	{"OrderedDelivery", orderedDelivery},
 	{"OrderedRetryBlocksOnlyItsKey", orderedRetryBlocksOnlyItsKey},
@@ -699,5 +700,24 @@ func orderedRunBudget(t *testing.T, e *env) {
 	}
 	if members != 4 {
 		t.Errorf("%d run members in the claim, want the limit, 4", members)
+	}
+}
+
+// orderedHotKeyWakes: the settle of a run makes the relay claim the key's
+// next head at once, not at its next poll (nothing notifies of a
+// promotion): with an hour between polls and no listener, a hot key of
+// several runs is delivered all the same.
+func orderedHotKeyWakes(t *testing.T, e *env) {
+	msgs := make([]outbox.Message, 12)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: "x", Key: "hot"}
+	}
+	e.publish(t, msgs...)
+	var n atomic.Int32
+	e.relay(t, outbox.RelayConfig{PollInterval: time.Hour, Listen: outbox.ListenOff, BatchSize: 2},
+		map[string]outbox.Handler{"x": func(context.Context, outbox.Delivery) error { n.Add(1); return nil }})
+	waitFor(t, "the hot key's runs delivered", func() bool { return e.count(t, "") == 0 })
+	if n.Load() != 12 {
+		t.Errorf("%d deliveries, want 12", n.Load())
 	}
 }
