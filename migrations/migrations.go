@@ -63,8 +63,8 @@ var identRE = regexp.MustCompile(`\boutbox(_[a-z0-9_]+)?\b`)
 // Load reads the migrations in fsys in version order. When table is not
 // "outbox", every occurrence of the table's name is replaced by table (which
 // the caller has validated as lower-case identifiers, "name" or
-// "schema.name"), and index names
-// outbox_x become name_x.
+// "schema.name"), the table of keys outbox_keys becomes table_keys (in
+// table's schema), and index and constraint names outbox_x become name_x.
 func Load(fsys fs.FS, table string) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
@@ -83,8 +83,11 @@ func Load(fsys fs.FS, table string) ([]Migration, error) {
 			return nil, fmt.Errorf("outbox: read migration %s: %w", e.Name(), err)
 		}
 		text := identRE.ReplaceAllStringFunc(string(b), func(id string) string {
-			if id == "outbox" {
+			switch id {
+			case "outbox":
 				return table
+			case "outbox_keys": // a table: in the outbox table's schema
+				return table + "_keys"
 			}
 			return name + id[len("outbox"):]
 		})

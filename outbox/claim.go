@@ -215,10 +215,18 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 		fences = append(fences, done[i].Fence)
 	}
 	r.claimFences = fences
-	claimed, applied, err := r.d.Claim(ctx, r.db, r.ob.table, outboxdriver.ClaimParams{
+	p := outboxdriver.ClaimParams{
 		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
-	})
+	}
+	var claimed []outboxdriver.Claimed
+	var applied []outboxdriver.Fence
+	var err error
+	if r.ord != nil { // heads with their runs (ordered.go)
+		claimed, applied, err = r.ord.od.ClaimOrdered(ctx, r.db, r.ob.table, p, r.cfg.BatchSize)
+	} else {
+		claimed, applied, err = r.d.Claim(ctx, r.db, r.ob.table, p)
+	}
 	if err != nil {
 		err = wrapOp(ctx, "claim", r.d.Classify(err))
 		if len(done) > 0 {

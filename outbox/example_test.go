@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -112,4 +113,34 @@ func ExampleRelay_Health() {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		}
 	})
+}
+
+// An Outbox with OrderByKey delivers the messages of one key in the order
+// their transactions committed, one at a time, across topics. Its relays
+// say what a dead message does to its key.
+func ExampleConfig_orderByKey() {
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{OrderByKey: true})
+	if err != nil {
+		panic(err)
+	}
+	// The statement Publish sends for two events of one order: it takes
+	// the order's row in outbox_keys, numbers the messages, and stores the
+	// first as the key's head (pending) and the second blocked behind it.
+	st, err := ob.PublishSQL(
+		outbox.Message{Topic: "order.placed", Key: "order-42"},
+		outbox.Message{Topic: "order.paid", Key: "order-42"},
+	)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(strings.Contains(st.Query, `INSERT INTO "outbox_keys"`), len(st.IDs))
+
+	// Relays of this Outbox: a dead order.paid halts its order until it is
+	// redriven or skipped (ob.SkipHead); a dead mail.send lets the order go on.
+	cfg := outbox.RelayConfig{
+		DeadKeys:        outbox.HaltKey,
+		DeadKeysByTopic: map[string]outbox.DeadKeyPolicy{"mail.send": outbox.ContinueKey},
+	}
+	_ = cfg // ob.Relay(pgxtx.FromPool(pool), cfg)
+	// Output: true 2
 }

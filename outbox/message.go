@@ -36,8 +36,10 @@ type Message struct {
 	Topic string
 
 	// Key is an optional business key (an order id, say). It is stored in
-	// the message_key column for handlers, operators and CDC tools. It is
-	// not an ordering guarantee.
+	// the message_key column for handlers, operators and CDC tools. From an
+	// Outbox with Config.OrderByKey, the messages of one Key are delivered
+	// one at a time in the order their transactions committed; otherwise
+	// it is no ordering guarantee.
 	Key string
 
 	// Payload is the message body: a JSON document, stored in a JSON column.

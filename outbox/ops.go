@@ -73,7 +73,11 @@ func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error
 	if err != nil {
 		return 0, err
 	}
-	n, err := rd.Redrive(ctx, db, o.table, topic)
+	redrive := rd.Redrive
+	if od := o.orderedDialect(); od != nil {
+		redrive = od.RedriveOrdered // ordered messages re-enter their keys in order
+	}
+	n, err := redrive(ctx, db, o.table, topic)
 	if err != nil {
 		return 0, wrapOp(ctx, "redrive", err)
 	}
@@ -87,7 +91,11 @@ func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := rd.Stats(ctx, db, o.table)
+	stats := rd.Stats
+	if od := o.orderedDialect(); od != nil {
+		stats = od.StatsOrdered // with blocked keys
+	}
+	s, err := stats(ctx, db, o.table)
 	if err != nil {
 		return nil, wrapOp(ctx, "stats", err)
 	}

@@ -88,6 +88,17 @@ type Config struct {
 	// and stdlib); lib/pq waits for a frozen server's answer to its cancel
 	// request and cannot be bounded. Defaults to 0.
 	CommandTimeout time.Duration
+
+	// OrderByKey delivers the messages published through this Outbox in
+	// order within their Key, across topics: a key's messages are
+	// delivered one at a time, in the order their transactions committed,
+	// while other keys flow; a failing message holds back only its key.
+	// Messages without a Key are unordered and pay nothing. Publishers of
+	// one key serialise on a row lock held until their commit. Every relay
+	// of the table must be built from an Outbox with OrderByKey, with
+	// the same table. The guide's section "Ordered delivery" is the
+	// contract. Defaults to false.
+	OrderByKey bool
 }
 
 // Outbox publishes messages into the outbox table inside the caller's
@@ -155,6 +166,14 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	case NotifyOff:
 	default:
 		return nil, &ConfigError{Field: "Notify", Reason: "unknown mode " + strconv.Itoa(int(cfg.Notify))}
+	}
+	if cfg.OrderByKey {
+		if _, ok := d.(outboxdriver.OrderedDialect); !ok || !caps.Ordered {
+			return nil, fmt.Errorf("%w: the %s dialect cannot order messages by key (Config.OrderByKey)", ErrUnsupported, d.Name())
+		}
+		if len(table.Name) > outboxdriver.MaxOrderedTableName {
+			return nil, &ConfigError{Field: "Table", Reason: fmt.Sprintf("longer than %d bytes, too long for the table of keys beside it (OrderByKey)", outboxdriver.MaxOrderedTableName)}
+		}
 	}
 	if notify && len(table.String()) > 63 {
 		return nil, &ConfigError{Field: "Table", Reason: "longer than 63 bytes, too long to be the notification channel; shorten it or set Notify to NotifyOff"}
@@ -259,6 +278,9 @@ type Statement struct {
 // PublishSQL returns the exact statement Publish or PublishBatch sends for
 // msgs, for documentation and for pinning SQL in tests (see the outboxtest
 // package). It validates msgs like Publish. Each call generates fresh ids.
+// With Config.OrderByKey, when an ordered message has a DedupKey, Publish
+// sends a second statement that numbers the messages stored
+// ([outboxdriver.OrderedDialect]); the Statement does not show it.
 func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	rows, err := o.rows(msgs)
 	if err != nil {
@@ -298,6 +320,7 @@ func (o *Outbox) rows(msgs []Message) ([]outboxdriver.Row, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.Ordered = o.cfg.OrderByKey && r.Key != ""
 		rows[i] = r
 	}
 	return rows, nil
@@ -336,6 +359,9 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 		}
 	} else {
 		stored, err = o.query(ctx, tx, query, args, len(rows), dedup)
+	}
+	if err == nil {
+		err = o.sequence(ctx, tx, rows, stored)
 	}
 	if err != nil {
 		return wrapOp(ctx, "publish", err)

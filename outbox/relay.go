@@ -67,6 +67,10 @@ type Relay struct {
 	// successes a claim carries.
 	claimDone   []queued
 	claimFences []outboxdriver.Fence
+
+	// ord is the state of ordered delivery (see ordered.go), nil unless
+	// the Outbox has OrderByKey.
+	ord *orderedRelay
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -92,6 +96,9 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		handlers: map[string]Handler{},
 		inflight: map[*claimBatch]struct{}{},
 		wake:     make(chan struct{}, 1),
+	}
+	if err := r.initOrdered(); err != nil {
+		return nil, err
 	}
 	if cfg.Listen != ListenOff {
 		l, ok := db.(outboxdriver.Listener)
@@ -210,6 +217,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	stopSettler := make(chan struct{})
 	go r.settleLoop(context.WithoutCancel(ctx), stopSettler)
 
+	stopRuns := r.startRuns(ctx)
+
 	var workers sync.WaitGroup
 	runErr := r.claimLoop(ctx, handlersCtx, &workers, checked)
 	r.health.set(func(h *Health) { h.Draining = true })
@@ -234,6 +243,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	bgWG.Wait()
 	close(stopSettler)
 	<-r.out.stopped
+	stopRuns()
 	return runErr
 }
 
@@ -243,6 +253,9 @@ func (r *Relay) check(ctx context.Context) (checked bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	err = r.d.Check(cctx, r.db, r.ob.table)
+	if err == nil {
+		err = r.checkOrdered(cctx)
+	}
 	switch {
 	case err == nil:
 		return true, nil

@@ -150,6 +150,16 @@ type RelayConfig struct {
 	// DefaultUnhandledEvery (5m).
 	UnhandledEvery time.Duration
 
+	// DeadKeys is what a dead-lettered ordered message (Config.OrderByKey)
+	// does to its key: HaltKey keeps it as the key's head, holding the
+	// key's later messages until it is redriven or skipped; ContinueKey
+	// lets the key go on. Defaults to HaltKey.
+	DeadKeys DeadKeyPolicy
+
+	// DeadKeysByTopic overrides DeadKeys for the dead messages of some
+	// topics. Defaults to nil.
+	DeadKeysByTopic map[string]DeadKeyPolicy
+
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
@@ -220,6 +230,9 @@ func (c *RelayConfig) validate(caps outboxdriver.Capabilities) error {
 	}
 	if c.RetryJitter != nil && !(*c.RetryJitter >= 0 && *c.RetryJitter <= 1) {
 		return &ConfigError{Field: "RetryJitter", Reason: "must be in [0, 1]"}
+	}
+	if err := c.validateOrdered(); err != nil {
+		return err
 	}
 	if c.Listen < ListenAuto || c.Listen > ListenOff {
 		return &ConfigError{Field: "Listen", Reason: "unknown mode"}

@@ -36,6 +36,11 @@ type RelayStats struct {
 	// table, sorted: a handler registered under a topic nobody publishes
 	// (a typo?) shows here, as does a quiet one.
 	Idle []string
+	// UnhandledHeads are the topics this relay has no handler for whose
+	// messages head keys that have messages waiting behind them
+	// (Config.OrderByKey), sorted: unless another relay handles them, those
+	// keys wait forever.
+	UnhandledHeads []string
 }
 
 // Stats returns the counts of the outbox table with what this relay makes
@@ -51,8 +56,12 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	seen := make(map[string]bool, len(ts))
 	for _, s := range ts {
 		seen[s.Topic] = true
-		if _, ok := slices.BinarySearch(handled, s.Topic); !ok && s.OldestPending > 0 {
+		_, ok := slices.BinarySearch(handled, s.Topic)
+		if !ok && s.OldestPending > 0 {
 			rs.Unhandled = append(rs.Unhandled, s.Topic)
+		}
+		if !ok && s.HeldKeys > 0 {
+			rs.UnhandledHeads = append(rs.UnhandledHeads, s.Topic)
 		}
 	}
 	for _, topic := range handled {
@@ -61,6 +70,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		}
 	}
 	slices.Sort(rs.Unhandled)
+	slices.Sort(rs.UnhandledHeads)
 	return rs, nil
 }
 

@@ -101,6 +101,9 @@ func (r *Relay) workOne(j *job, workers *sync.WaitGroup, sl *slots) {
 
 // deliver runs the handler of one claimed message and queues its outcome.
 func (r *Relay) deliver(j *job) {
+	if r.ord != nil && r.deliverOrdered(j) { // a run, or spent (ordered.go)
+		return
+	}
 	c := j.c
 	h := r.handlers[c.Topic]
 	defer r.finished(j)

@@ -62,6 +62,10 @@ type Capabilities struct {
 	// refuses deeper payloads before sending anything. Zero means
 	// MaxPayloadDepth.
 	MaxJSONDepth int
+	// Ordered is true when the dialect delivers messages in order per key:
+	// its Insert stores rows with Row.Ordered as described at
+	// [OrderedDialect], which it implements.
+	Ordered bool
 }
 
 // Table is the validated name of the outbox table.
@@ -227,6 +231,10 @@ const (
 	StateProcessing State = "processing"
 	StateDelivered  State = "delivered"
 	StateDead       State = "dead"
+	// StateBlocked is an ordered message waiting behind the head of its
+	// key (see [OrderedDialect]): no claim sees it; the settle of the
+	// message before it makes it pending.
+	StateBlocked State = "blocked"
 )
 
 // ClaimParams are the parameters of [RelayDialect.Claim].
@@ -259,6 +267,15 @@ type Claimed struct {
 	CreatedAt    time.Time
 	// Dead is true when the claim dead-lettered the row (max attempts).
 	Dead bool
+	// KeySeq is the row's place in its key's order (key_seq), 0 for an
+	// unordered message. Set by [OrderedDialect.ClaimOrdered] only.
+	KeySeq int64
+	// Run, for an ordered head claimed by [OrderedDialect.ClaimOrdered],
+	// are the messages that follow it in its key, in key order: blocked
+	// rows the claim read without changing them (their Attempts are those
+	// stored, not incremented). The head's claim (its ID and Attempts)
+	// fences the whole run.
+	Run []Claimed
 }
 
 // Fence identifies one claim of a message: settles and renewals apply only
@@ -303,4 +320,20 @@ type TopicStats struct {
 	// OldestPending is the age of the oldest pending message that is due,
 	// on the database clock; zero when none is.
 	OldestPending time.Duration
+
+	// The fields below are filled by [OrderedDialect.StatsOrdered] only.
+
+	// Blocked are the ordered messages of the topic waiting behind the
+	// head of their key.
+	Blocked int64
+	// HeldKeys are the keys whose head is a message of this topic and
+	// that have messages waiting behind it.
+	HeldKeys int64
+	// BlockedKeys are the keys whose head is a message of this topic that
+	// failed: dead under the Halt policy (the key waits for a redrive or
+	// a skip), or pending a retry.
+	BlockedKeys int64
+	// OldestBlockedKey is the age (since it was published) of the oldest
+	// head among BlockedKeys; zero when there is none.
+	OldestBlockedKey time.Duration
 }

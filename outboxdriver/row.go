@@ -12,4 +12,9 @@ type Row struct {
 	DedupKey  string // "" means NULL
 	Delay     time.Duration
 	NotBefore time.Time // UTC; zero means none
+	// Ordered is true when the message is delivered in order within its
+	// Key (never with an empty Key): it comes from an Outbox with
+	// Config.OrderByKey, through a dialect whose Capabilities.Ordered is
+	// true. See [OrderedDialect] for what Insert does with such rows.
+	Ordered bool
 }

@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,6 +26,22 @@ func TestChaos(t *testing.T) {
 	}
 }
 
+// TestOrderedChaos runs the checker of ordered delivery
+// (chaostest.RunOrdered) on PostgreSQL through native pgx; under
+// OUTBOX_RELIABILITY=long (a relay SIGKILLed every 200-800 ms) through
+// lib/pq too.
+func TestOrderedChaos(t *testing.T) {
+	drivers := []string{"pgx"}
+	if os.Getenv("OUTBOX_RELIABILITY") == "long" {
+		drivers = append(drivers, "libpq")
+	}
+	for _, driver := range drivers {
+		t.Run(driver, func(t *testing.T) {
+			chaostest.RunOrdered(t, pgBackend(driver), chaostest.OrderedFromEnv())
+		})
+	}
+}
+
 func pgBackend(driver string) chaostest.Backend {
 	return chaostest.Backend{
 		Dialect: postgres.Dialect(),
@@ -39,7 +57,14 @@ func pgBackend(driver string) chaostest.Backend {
 			c := &chaostest.Conn{Table: s + ".outbox", Business: s + ".chaos_orders", Ledger: s + ".chaos_ledger", Rebind: chaostest.Dollar}
 			switch driver {
 			case "pgx":
-				pool, err := pgxpool.New(ctx, tg["url"])
+				cfg, err := pgxpool.ParseConfig(tg["url"])
+				if err != nil {
+					return nil, err
+				}
+				if n, err := strconv.Atoi(tg["pool"]); err == nil {
+					cfg.MaxConns = int32(n) // the ordered checker's producers
+				}
+				pool, err := pgxpool.NewWithConfig(ctx, cfg)
 				if err != nil {
 					return nil, err
 				}

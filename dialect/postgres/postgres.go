@@ -38,7 +38,7 @@ type dialect struct {
 func (*dialect) Name() string { return "postgres" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow}
+	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, Ordered: true}
 }
 
 // QuoteTable returns t as a quoted, possibly schema-qualified, identifier.
@@ -76,7 +76,13 @@ func Channel(t outboxdriver.Table) string { return t.String() }
 //
 //	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
 //	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
+//
+// A batch with ordered rows (Row.Ordered) is stored with OrderedInsertSQL
+// instead.
 func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
+	if hasOrdered(rows) {
+		return d.insertOrdered(t, rows, wake)
+	}
 	return d.insert.Build(QuoteTable(t), t, rows, wake, jsonText)
 }
 

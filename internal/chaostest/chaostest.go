@@ -37,7 +37,9 @@ const Topic = "chaos"
 
 // Target says where a test's database is: whatever its [Backend] needs to
 // connect from a child process (a URL, a schema, a file). It crosses to the
-// children as JSON.
+// children as JSON. The ordered checker adds "pool" (a connection count)
+// to the target it opens in the test process, for its producers: a
+// backend with a pool of its own sizes it so.
 type Target map[string]string
 
 // Backend is one dialect and driver: how to make a database for a test and
@@ -200,6 +202,13 @@ func Run(t *testing.T, b Backend, o Options) {
 	}
 	t.Logf("seed %d (replay with OUTBOX_CHAOS_SEED=%d)", o.Seed, o.Seed)
 	rep := run(t, b, o)
+	writeReport(t, rep)
+	rep.check(t)
+}
+
+// writeReport logs rep as one JSON line and appends it to the file
+// OUTBOX_CHAOS_REPORT names, if any.
+func writeReport(t *testing.T, rep any) {
 	line, _ := json.Marshal(rep)
 	t.Logf("%s", line)
 	if f := os.Getenv("OUTBOX_CHAOS_REPORT"); f != "" {
@@ -208,7 +217,6 @@ func Run(t *testing.T, b Backend, o Options) {
 			fh.Close()
 		}
 	}
-	rep.check(t)
 }
 
 // runPattern is the -test.run pattern that selects exactly t in a child.

@@ -59,6 +59,9 @@ func runChild(t *testing.T, b Backend, role string) {
 		if err := r.Run(ctx); err != nil {
 			t.Fatal(err)
 		}
+	case "ordered-relay": // the ordered checker's (ordered.go)
+		lease, _ := time.ParseDuration(os.Getenv(envLease))
+		runOrderedRelay(ctx, t, b, c, serial, lease)
 	case "publisher":
 		rate, _ := strconv.ParseFloat(os.Getenv(envRate), 64)
 		publish(ctx, c, ob, rate, rng)
@@ -89,16 +92,7 @@ func relayConfig(lease time.Duration, logger *slog.Logger) outbox.RelayConfig {
 // delivery (and a retry the checker would blame on a kill).
 func handler(c *Conn, proc int, work time.Duration, rng *rand.Rand) outbox.Handler {
 	var mu sync.Mutex
-	q := c.q(`INSERT INTO ` + c.Ledger + ` (id, bkey, attempt, kind, proc) VALUES (?, ?, ?, ?, ?)`)
-	record := func(ctx context.Context, d outbox.Delivery, kind string) error {
-		for {
-			_, err := c.ledger().ExecContext(ctx, q, d.ID.String(), d.Key, d.Attempt, kind, proc)
-			if err == nil || ctx.Err() != nil {
-				return err
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	record := recorder(c, c.Ledger, proc)
 	return func(ctx context.Context, d outbox.Delivery) error {
 		if err := record(ctx, d, "S"); err != nil {
 			return err
@@ -110,6 +104,22 @@ func handler(c *Conn, proc int, work time.Duration, rng *rand.Rand) outbox.Handl
 			time.Sleep(w)
 		}
 		return record(ctx, d, "F")
+	}
+}
+
+// recorder returns the function that records a delivery's step (kind) in
+// ledger (id, bkey, attempt, kind, proc), retried until it succeeds or ctx
+// ends.
+func recorder(c *Conn, ledger string, proc int) func(ctx context.Context, d outbox.Delivery, kind string) error {
+	q := c.q(`INSERT INTO ` + ledger + ` (id, bkey, attempt, kind, proc) VALUES (?, ?, ?, ?, ?)`)
+	return func(ctx context.Context, d outbox.Delivery, kind string) error {
+		for {
+			_, err := c.ledger().ExecContext(ctx, q, d.ID.String(), d.Key, d.Attempt, kind, proc)
+			if err == nil || ctx.Err() != nil {
+				return err
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }
 

@@ -93,6 +93,7 @@ func Run(t *testing.T, h Harness) {
 			tc.f(t, newEnv(t, h))
 		})
 	}
+	runOrdered(t, h)
 }
 
 // newEnv returns a fresh store of h with its Outbox and relay dialect.

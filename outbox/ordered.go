@@ -1,0 +1,375 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
+)
+
+// This file holds ordered delivery (Config.OrderByKey): the publish's
+// second statement when an ordered message has a DedupKey, the relay's
+// runs (a claimed head and the messages after it in its key, run one after
+// another on one handler slot), their settler, and the operations that
+// keep a key's order (SkipHead; Redrive and Stats go through the ordered
+// dialect when the Outbox orders).
+
+// DeadKeyPolicy says what a dead-lettered ordered message does to its key.
+type DeadKeyPolicy int
+
+const (
+	// HaltKey keeps the dead message as its key's head: the key's later
+	// messages wait until an operator redrives it ([Outbox.Redrive]) or
+	// skips it ([Outbox.SkipHead]). Other keys flow. The safe choice for
+	// state events, whose later messages assume the earlier ones happened.
+	HaltKey DeadKeyPolicy = iota
+	// ContinueKey lets the key go on with its next message; the dead one
+	// stays dead (a redrive re-enters it at its place in the key).
+	ContinueKey
+)
+
+// StateBlocked is the state of an ordered message waiting behind the head
+// of its key.
+const StateBlocked = outboxdriver.StateBlocked
+
+// initOrdered sets the relay up for an Outbox with OrderByKey.
+func (r *Relay) initOrdered() error {
+	if !r.ob.cfg.OrderByKey {
+		return nil
+	}
+	od, ok := r.d.(outboxdriver.OrderedDialect)
+	if !ok {
+		return fmt.Errorf("%w: the %s dialect cannot order messages by key", ErrUnsupported, r.ob.d.Name())
+	}
+	r.ord = &orderedRelay{od: od, added: make(chan struct{}, 1), stopped: make(chan struct{})}
+	return nil
+}
+
+// validateOrdered checks the dead-letter policies of c.
+func (c *RelayConfig) validateOrdered() error {
+	if c.DeadKeys != HaltKey && c.DeadKeys != ContinueKey {
+		return &ConfigError{Field: "DeadKeys", Reason: "unknown policy"}
+	}
+	for topic, p := range c.DeadKeysByTopic {
+		if p != HaltKey && p != ContinueKey {
+			return &ConfigError{Field: "DeadKeysByTopic", Reason: fmt.Sprintf("unknown policy for topic %q", topic)}
+		}
+	}
+	return nil
+}
+
+// halts reports whether a dead message of topic halts its key.
+func (r *Relay) halts(topic string) bool {
+	if p, ok := r.cfg.DeadKeysByTopic[topic]; ok {
+		return p == HaltKey
+	}
+	return r.cfg.DeadKeys == HaltKey
+}
+
+// orderedRelay is the state of a relay's ordered delivery: the outcomes of
+// runs waiting to be written.
+type orderedRelay struct {
+	od      outboxdriver.OrderedDialect
+	mu      sync.Mutex
+	runs    []queuedRun
+	closed  bool
+	added   chan struct{} // signalled when runs becomes non-empty
+	stopped chan struct{} // closed when the run settler has returned
+}
+
+// queuedRun is a run's outcome waiting to be written, until expires (its
+// head's lease will have lapsed by then).
+type queuedRun struct {
+	outboxdriver.RunOutcome
+	expires time.Time
+}
+
+// sendRun queues a run's outcome; after the run settler's last write it is
+// logged as dropped (the head's lease lapses and the run is delivered
+// again, in order).
+func (r *Relay) sendRun(q queuedRun) {
+	o := r.ord
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		r.droppedRuns("the relay has stopped", []queuedRun{q})
+		return
+	}
+	first := len(o.runs) == 0
+	o.runs = append(o.runs, q)
+	o.mu.Unlock()
+	if first {
+		notify(o.added)
+	}
+}
+
+func (o *orderedRelay) take(n int, closing bool) []queuedRun {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = o.closed || closing
+	k := min(len(o.runs), n)
+	out := append([]queuedRun(nil), o.runs[:k]...)
+	o.runs = append(o.runs[:0], o.runs[k:]...)
+	return out
+}
+
+func (r *Relay) droppedRuns(why string, runs []queuedRun) {
+	ids := make([]string, 0, min(len(runs), 10))
+	for _, q := range runs[:min(len(runs), 10)] {
+		ids = append(ids, q.Head.ID.String())
+	}
+	r.log.Warn("outbox: run outcomes dropped; their keys' heads will be delivered again after their lease", "why", why, "count", len(runs), "heads", ids)
+}
+
+// deliverOrdered delivers j when it needs more than deliver does: a
+// message whose attempts are spent (an ordered claim never dead-letters,
+// so that a dead head goes through its key's policy) or an ordered head
+// and its run. It reports false, doing nothing, for a plain unordered
+// message.
+func (r *Relay) deliverOrdered(j *job) bool {
+	c := j.c
+	spent := c.Attempts-c.AttemptsBase > r.cfg.MaxAttempts
+	if c.KeySeq == 0 && !spent {
+		return false
+	}
+	defer r.finished(j)
+	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
+	expires := time.Now().Add(r.cfg.Lease)
+	if spent {
+		r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase-1)
+		s := outboxdriver.Settlement{Fence: head, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}
+		if c.KeySeq == 0 {
+			r.send(queued{s, expires})
+		} else {
+			r.sendRun(queuedRun{outboxdriver.RunOutcome{Head: head, Key: c.Key, Failed: s, Halt: r.halts(c.Topic)}, expires})
+		}
+		return true
+	}
+	out := outboxdriver.RunOutcome{Head: head, Key: c.Key, Done: make([]outboxdriver.ID, 0, 1+len(c.Run))}
+	for i := -1; i < len(c.Run); i++ {
+		m, attempts := c, c.Attempts
+		if i >= 0 {
+			if j.ctx.Err() != nil {
+				break // lease lost or grace over: the rest stays blocked
+			}
+			// A run member was not claimed: this delivery is its next
+			// attempt, counted if it fails.
+			m = &c.Run[i]
+			attempts = m.Attempts + 1
+		}
+		err := r.handleOne(&j.ctx, m, attempts)
+		if err == nil {
+			out.Done = append(out.Done, m.ID)
+			continue
+		}
+		mc := *m
+		mc.Attempts = attempts
+		out.Failed = r.outcome(&mc, err)
+		out.Halt = out.Failed.Kind == outboxdriver.SettleDead && r.halts(m.Topic)
+		break
+	}
+	r.sendRun(queuedRun{out, expires})
+	return true
+}
+
+// handleOne runs the handler of message m, delivered for the attempts-th
+// time.
+func (r *Relay) handleOne(ctx context.Context, m *outboxdriver.Claimed, attempts int) error {
+	d := Delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempt: attempts - m.AttemptsBase, CreatedAt: m.CreatedAt}
+	if len(m.Headers) > 0 {
+		h, err := decodeHeaders(m.Headers)
+		if err != nil {
+			return err
+		}
+		d.Headers = h
+	}
+	return r.call(ctx, r.handlers[m.Topic], d)
+}
+
+// startRuns starts the run settler of an ordered relay and returns the
+// function that stops it once the handlers are done: it writes what is
+// left and returns.
+func (r *Relay) startRuns(ctx context.Context) (stop func()) {
+	if r.ord == nil {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	go r.runSettleLoop(context.WithoutCancel(ctx), quit)
+	return func() {
+		close(quit)
+		<-r.ord.stopped
+	}
+}
+
+// runSettleLoop writes run outcomes: once one is waiting, it gathers those
+// that arrive within settleLinger and writes them with one SettleRuns (a
+// transaction of two statements). A failed write puts them back (unless
+// their lease has lapsed) and waits a backoff. At quit it writes what is
+// left, with up to finalAttempts attempts.
+func (r *Relay) runSettleLoop(ctx context.Context, quit <-chan struct{}) {
+	o := r.ord
+	defer close(o.stopped)
+	failures := 0
+	for {
+		select {
+		case <-o.added:
+		case <-quit:
+			for attempt := 1; ; attempt++ {
+				batch := o.take(maxSettleBatch, true)
+				if len(batch) == 0 {
+					return
+				}
+				if r.settleRuns(ctx, batch) != nil {
+					if attempt >= finalAttempts {
+						r.droppedRuns("the last write at shutdown failed", batch)
+						return
+					}
+					o.mu.Lock()
+					o.runs = append(batch, o.runs...)
+					o.mu.Unlock()
+					time.Sleep(settleRetry.Delay(attempt))
+				}
+			}
+		}
+		wait := settleLinger
+		if failures > 0 {
+			wait = settleRetry.Delay(failures)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-quit:
+			t.Stop()
+		}
+		batch := o.take(maxSettleBatch, false)
+		if len(batch) > 0 {
+			if err := r.settleRuns(ctx, batch); err != nil {
+				failures++
+				r.putBackRuns(batch)
+			} else {
+				failures = 0
+			}
+		}
+		o.mu.Lock()
+		more := len(o.runs) > 0
+		o.mu.Unlock()
+		if more {
+			notify(o.added)
+		}
+	}
+}
+
+// putBackRuns queues run outcomes whose write failed, unless their lease
+// has lapsed.
+func (r *Relay) putBackRuns(batch []queuedRun) {
+	now := time.Now()
+	var keep, lapsed []queuedRun
+	for _, q := range batch {
+		if now.Before(q.expires) {
+			keep = append(keep, q)
+		} else {
+			lapsed = append(lapsed, q)
+		}
+	}
+	if len(lapsed) > 0 {
+		r.droppedRuns("their lease lapsed while their write kept failing", lapsed)
+	}
+	if len(keep) > 0 {
+		o := r.ord
+		o.mu.Lock()
+		o.runs = append(keep, o.runs...)
+		o.mu.Unlock()
+	}
+}
+
+// settleRuns writes batch with one SettleRuns.
+func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	runs := make([]outboxdriver.RunOutcome, len(batch))
+	for i := range batch {
+		runs[i] = batch[i].RunOutcome
+	}
+	applied, err := r.ord.od.SettleRuns(ctx, r.db, r.ob.table, r.settleP, runs)
+	if err != nil {
+		err = wrapOp(ctx, "settle", r.d.Classify(err))
+	} else if len(applied) > 0 {
+		// The settle made the next message of these keys their head
+		// (nothing notifies of it): claim again now rather than at the
+		// next poll, or a hot key would move one run per poll interval.
+		r.signal()
+	}
+	r.report(ctx, len(batch), nil, applied, err)
+	return err
+}
+
+// checkOrdered is the relay's start-up check of what ordering needs.
+func (r *Relay) checkOrdered(ctx context.Context) error {
+	if r.ord == nil {
+		return nil
+	}
+	return r.ord.od.CheckOrdered(ctx, r.db, r.ob.table)
+}
+
+// orderedDialect returns the ordered dialect of an Outbox with OrderByKey,
+// nil for one without.
+func (o *Outbox) orderedDialect() outboxdriver.OrderedDialect {
+	if !o.cfg.OrderByKey {
+		return nil
+	}
+	od, _ := o.d.(outboxdriver.OrderedDialect) // New checked it
+	return od
+}
+
+// sequence runs the second statement of a publish whose ordered messages
+// have a DedupKey (see [outboxdriver.OrderedDialect]): it numbers the
+// ordered messages the INSERT stored.
+func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, stored []string) error {
+	od := o.orderedDialect()
+	if od == nil {
+		return nil
+	}
+	need := false
+	for i := range rows {
+		need = need || (rows[i].Ordered && rows[i].DedupKey != "")
+	}
+	if !need || len(stored) == 0 {
+		return nil
+	}
+	ids := make([]ID, 0, len(stored))
+	for _, s := range stored {
+		id, err := ParseID(s)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+	}
+	q, args := od.SequenceSQL(o.table, ids)
+	_, err := o.query(ctx, tx, q, args, 0, false)
+	return err
+}
+
+// SkipHead skips the head of key when it is dead under the HaltKey policy:
+// the message stays dead (a later [Outbox.Redrive] re-enters it at its
+// place in the key), and the key's next message becomes its head, so the
+// key flows again. It returns the skipped message's id, or ok false when
+// the key's head is not dead (nothing to skip). It waits for open
+// publishes of the key to commit, and is atomic: a relay settling the key
+// at the same moment cannot interleave with it. It needs an Outbox with
+// Config.OrderByKey.
+func (o *Outbox) SkipHead(ctx context.Context, db DB, key string) (id ID, ok bool, err error) {
+	od := o.orderedDialect()
+	if od == nil {
+		return ID{}, false, fmt.Errorf("%w: SkipHead needs Config.OrderByKey", ErrUnsupported)
+	}
+	if err := checkText(0, "Key", key, MaxKeyBytes, true); err != nil {
+		return ID{}, false, err
+	}
+	id, ok, err = od.SkipHead(ctx, db, o.table, key)
+	if err != nil {
+		return ID{}, false, wrapOp(ctx, "skip head", o.d.Classify(err))
+	}
+	return id, ok, nil
+}

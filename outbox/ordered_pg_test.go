@@ -1,0 +1,119 @@
+package outbox_test
+
+import (
+	"context"
+	"regexp"
+	"testing"
+
+	"github.com/oncommit/oncommit/adapters/sqltx"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/migrations"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// outboxSeqScan matches a sequential scan of the outbox table (not of
+// outbox_keys).
+var outboxSeqScan = regexp.MustCompile(`Seq Scan on outbox( |$)`)
+
+// TestOrderedPlansUseIndexes: with 200,000 ordered messages (2,000 keys of
+// 100, one head each, and a hot key's delivered history kept) the ordered
+// claim reads heads from the claim index and runs from the key index, and
+// the settle of runs, the skip of a head and the ordered publish find
+// their rows by index: no sequential scan of the table.
+func TestOrderedPlansUseIndexes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{OrderByKey: true})
+	admin := pgtest.Admin(t)
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, message_key, key_seq, state, available_at)
+		SELECT gen_random_uuid(), 't' || (g % 3), 'k' || (g / 100), g % 100 + 1,
+		       CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'blocked' END, now() - make_interval(secs => g)
+		FROM generate_series(0, 199999) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, message_key, key_seq, state, settled_at)
+		SELECT gen_random_uuid(), 't0', 'k0', -g, 'delivered', now() FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + `_keys (message_key, last_seq, live) SELECT 'k' || g, 100, 100 FROM generate_series(0, 1999) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`ANALYZE ` + e.table + `; ANALYZE ` + e.table + `_keys`); err != nil {
+		t.Fatal(err)
+	}
+	id := outbox.NewID().String()
+	tbl := e.ob.Table()
+	ins, err := e.ob.PublishSQL(outbox.Message{Topic: "t0", Key: "k7"}, outbox.Message{Topic: "t1", Key: "k8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, plan := range map[string]string{
+		"claim one":  explainPlan(t, postgres.OrderedClaimSQL(tbl, 1, false), "t0", 100, 30.0, 10, "{"+id+"}", "{1}", "{t0}", 100),
+		"claim":      explainPlan(t, postgres.OrderedClaimSQL(tbl, 2, false), "{t0,t1}", 100, 30.0, 10, "{}", "{}", "{t0,t1}", 100),
+		"settle run": explainPlan(t, postgres.SettleRunsSQL(tbl, false), "{"+id+"}", "{1}", "{k0}", "{NULL}", "{0}", "{0}", "{NULL}", "{NULL}", "{f}", "{"+id+"}", "{1}"),
+		"skip head":  explainPlan(t, postgres.SkipHeadSQL(tbl), "k0"),
+		"publish":    explainPlan(t, ins.Query, ins.Args...),
+	} {
+		if outboxSeqScan.MatchString(plan) {
+			t.Errorf("%s plan scans the table:\n%s", name, plan)
+		}
+		if name != "publish" && !regexp.MustCompile(`outbox_key_seq_idx`).MatchString(plan) {
+			t.Errorf("%s plan does not use the key index:\n%s", name, plan)
+		}
+		t.Logf("%s:\n%s", name, plan)
+	}
+}
+
+// TestOrderedMigrationDown: 0005's down file keeps the messages (blocked
+// ones become pending) and restores the former schema, on a table in its
+// own schema with a custom name; its up file then applies again.
+func TestOrderedMigrationDown(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	table := schema + ".events"
+	admin := pgtest.Admin(t)
+	if err := postgres.Migrate(context.Background(), admin, table); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: table, OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.PublishBatch(context.Background(), sqltx.From(tx), []outbox.Message{{Topic: "t", Key: "k"}, {Topic: "t", Key: "k"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	migs, err := migrations.Load(migrations.Postgres(), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := migs[len(migs)-1]
+	if m.Version != 5 {
+		t.Fatalf("last migration %d, want 5", m.Version)
+	}
+	if _, err := admin.Exec(m.Down); err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	if n := count(t, table, "state = 'pending'"); n != 2 {
+		t.Errorf("%d pending messages after the down migration, want 2", n)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + table + ` (id, topic, state) VALUES (gen_random_uuid(), 't', 'blocked')`); err == nil {
+		t.Error("the down migration left state 'blocked' allowed")
+	}
+	var keys *string
+	if err := admin.QueryRow(`SELECT to_regclass($1)::text`, table+"_keys").Scan(&keys); err != nil || keys != nil {
+		t.Errorf("keys table after the down migration: %v %v", keys, err)
+	}
+	if _, err := admin.Exec(m.Up); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if err := admin.QueryRow(`SELECT to_regclass($1)::text`, table+"_keys").Scan(&keys); err != nil || keys == nil || *keys != table+"_keys" {
+		t.Errorf("keys table after the up migration: %v %v", keys, err)
+	}
+}

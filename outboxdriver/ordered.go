@@ -1,0 +1,117 @@
+package outboxdriver
+
+import "context"
+
+// KeysTable is the table of the per-key sequences of ordered messages
+// beside outbox table t: t's name with "_keys" appended, in t's schema.
+// It has one row per key ever published ordered: message_key (primary
+// key), last_seq (the last key_seq given), live (the key's ordered
+// messages not yet settled for good, a Halt-dead head included) and
+// halted_seq (the key_seq of a head dead under the Halt policy, else
+// NULL).
+func KeysTable(t Table) Table { return Table{Schema: t.Schema, Name: t.Name + "_keys"} }
+
+// MaxOrderedTableName is the longest outbox table name (without schema)
+// with which messages can be ordered: KeysTable appends 5 bytes and
+// identifiers hold 63.
+const MaxOrderedTableName = 63 - len("_keys")
+
+// OrderedDialect is implemented by a [RelayDialect] whose
+// Capabilities().Ordered is true: it delivers the messages of one key in
+// the order their publishes committed, one at a time, while other keys
+// flow.
+//
+// Publish. Insert stores each row with Ordered as follows, on the caller's
+// transaction. It takes the row lock of the key's row in KeysTable (keys
+// of a batch in sorted order, so that batches cannot deadlock each other),
+// adds the batch's messages of that key to last_seq and live, and gives
+// them consecutive key_seq values: the lock is held until the commit, so
+// publishers of one key serialise and key_seq order is commit order; a
+// rollback takes the numbers back. The first of them is the key's head
+// (state pending) when the key had no live message before; every other
+// ordered row is stored in state blocked, which no claim reads. When no
+// ordered row has a DedupKey, Insert does all this in its one statement.
+// When one has (a duplicate must not count in live), Insert stores the
+// ordered rows blocked without a key_seq, and Publish then runs, on the
+// same transaction, the statement SequenceSQL returns for the ids the
+// INSERT stored.
+//
+// Relay. A relay of an Outbox with OrderByKey claims with ClaimOrdered
+// and settles the runs of ordered heads with SettleRuns; unordered rows
+// are settled with Settle as always.
+type OrderedDialect interface {
+	RelayDialect
+
+	// SequenceSQL returns the statement that numbers the ordered rows
+	// among ids (stored blocked without key_seq by Insert, in this
+	// transaction) as Insert does in its one-statement form: ids are in
+	// publish order.
+	SequenceSQL(t Table, ids []ID) (query string, args []any)
+
+	// ClaimOrdered claims like Claim, with these differences: it never
+	// dead-letters at claim (the relay settles a spent head through
+	// SettleRuns, which applies its key's dead-letter policy, and a spent
+	// unordered row through Settle); each claimed row carries its KeySeq;
+	// and each claimed ordered head carries its Run: the blocked messages
+	// that follow it in its key, in key_seq order, stopping before the
+	// first one that is not due or whose topic is not among p.Topics.
+	// runLimit bounds the run members of the whole claim (so its memory):
+	// they are shared among the heads round-robin, each run a prefix of
+	// its key, so that one hot key gets a run of runLimit. The run's rows
+	// are left blocked.
+	ClaimOrdered(ctx context.Context, db DB, t Table, p ClaimParams, runLimit int) (claimed []Claimed, done []Fence, err error)
+
+	// SettleRuns writes the outcomes of claimed runs in one transaction:
+	// it first locks the key rows of the runs (waiting for open publishes
+	// of those keys to commit), then, for each run whose head is still
+	// held (its Fence, state processing; a run whose head is not is left
+	// alone entirely): deletes its successes (marks them delivered with
+	// p.KeepDelivered), turns its failed message, if any, into the key's
+	// head again (pending after the delay, attempts + 1 for a run member)
+	// or dead, and when the key is left without a head (all succeeded, or
+	// dead under Continue), makes the next blocked message of the key
+	// pending. A head dead under Halt stays dead as the key's head: the
+	// key waits. It returns the head fences that applied. p.DiscardDead
+	// does not apply: dead ordered messages are kept.
+	SettleRuns(ctx context.Context, db DB, t Table, p SettleParams, runs []RunOutcome) ([]Fence, error)
+
+	// RedriveOrdered is Redrive for a table with ordered messages: dead
+	// unordered messages become pending as in Redrive; dead ordered ones
+	// re-enter their keys at their places (blocked, and the first of a
+	// key without a head becomes pending), never all at once.
+	RedriveOrdered(ctx context.Context, db DB, t Table, topic string) (int64, error)
+
+	// SkipHead skips the head of key when it is dead under Halt: the
+	// message stays dead (a later redrive re-enters it at its place), the
+	// key's next message becomes its head. It returns the skipped
+	// message's id, or ok false when the key has no dead head.
+	SkipHead(ctx context.Context, db DB, t Table, key string) (id ID, ok bool, err error)
+
+	// StatsOrdered is Stats with the fields of ordered delivery filled.
+	StatsOrdered(ctx context.Context, db DB, t Table) ([]TopicStats, error)
+
+	// CheckOrdered is Check for the columns and table ordered delivery
+	// needs (key_seq, KeysTable).
+	CheckOrdered(ctx context.Context, db DB, t Table) error
+}
+
+// RunOutcome is the outcome of one claimed ordered head and its run.
+type RunOutcome struct {
+	// Head is the claim of the run's head: it fences the whole run.
+	Head Fence
+	// Key is the run's message key.
+	Key string
+	// Done are the ids of the messages handled, in order: a prefix of the
+	// head and its run.
+	Done []ID
+	// Failed, when its Kind is not zero, is the outcome of the message
+	// after Done, which failed: SettleRetry (it becomes the key's head,
+	// pending after Delay or at At) or SettleDead. Its Fence.Attempts is
+	// the message's attempts after this delivery: the head's claimed
+	// attempts, or a run member's stored attempts + 1.
+	Failed Settlement
+	// Halt, with Failed.Kind SettleDead, keeps the dead message as the
+	// key's head: nothing behind it is delivered until it is redriven or
+	// skipped. Without Halt the key goes on with its next message.
+	Halt bool
+}
