@@ -220,7 +220,7 @@ SELECT 0, ` + claimedColumns + `, coalesce(h.hseq, 0), NULL FROM claimed LEFT JO
 UNION ALL
 SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM runs
 UNION ALL
-SELECT 2, id::text, '', '', NULL, NULL, attempts, 0, ` + strconv.Itoa(rowSettled) + `, created_at, 0, NULL FROM done
+SELECT 2, id::text, '', '', NULL, NULL, attempts, 0, 0, created_at, 0, NULL FROM done
 ORDER BY 1, 11`
 }
 
