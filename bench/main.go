@@ -59,7 +59,7 @@ var concurrency = 0 // RelayConfig default
 
 var (
 	url        = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only       = flag.String("only", "", "run only this scenario: drain, latency or memory")
+	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or compare, cost, ordered, ...)")
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
@@ -129,6 +129,9 @@ func main() {
 	}
 	if *only == "variants" {
 		variants(ctx, pool)
+	}
+	if *only == "ordered" {
+		orderedBench(ctx, pool)
 	}
 	if *only == "" || *only == "latency" {
 		latency(ctx, pool)

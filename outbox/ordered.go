@@ -43,6 +43,12 @@ func (r *Relay) initOrdered() error {
 	if !ok {
 		return fmt.Errorf("%w: the %s dialect cannot order messages by key", ErrUnsupported, r.ob.d.Name())
 	}
+	// A run's settle is a transaction: refuse here a DB that cannot run
+	// one (a wrapper around an adapter that hides its InTx) rather than
+	// deliver messages whose outcomes can never be written.
+	if _, ok := r.db.(outboxdriver.TxDB); !ok {
+		return fmt.Errorf("%w: %T cannot run a transaction, which ordered delivery needs (wrap an adapter without hiding its InTx)", ErrUnsupported, r.db)
+	}
 	r.ord = &orderedRelay{od: od, added: make(chan struct{}, 1), stopped: make(chan struct{})}
 	return nil
 }

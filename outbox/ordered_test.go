@@ -44,6 +44,14 @@ func TestOrderByKeyConfig(t *testing.T) {
 			t.Errorf("RelayConfig %+v: %v", cfg, err)
 		}
 	}
+	// A DB that hides its adapter's InTx (a wrapper) cannot settle runs:
+	// refused when the relay is built, not when its first settle fails.
+	if _, err := ob.Relay(struct{ outbox.DB }{sqltx.FromDB(nil)}, outbox.RelayConfig{Listen: outbox.ListenOff}); !errors.Is(err, outbox.ErrUnsupported) {
+		t.Errorf("a relay on a DB without InTx: %v, want ErrUnsupported", err)
+	}
+	if _, err := ob.Relay(sqltx.FromDB(nil), outbox.RelayConfig{Listen: outbox.ListenOff}); err != nil {
+		t.Errorf("a relay on sqltx.FromDB: %v", err)
+	}
 	for _, key := range []string{"", strings.Repeat("k", outbox.MaxKeyBytes+1), "a\x00b"} {
 		var me *outbox.MessageError
 		if _, _, err := ob.SkipHead(context.Background(), nil, key); !errors.As(err, &me) {
