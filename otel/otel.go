@@ -324,14 +324,19 @@ func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context
 	return ctx
 }
 
-// HandlerEnd ends the process span with the outcome (and error.type) and
+// HandlerEnd ends the process span, with the outcome and error.type when
+// the delivery did not succeed (a span without them succeeded), and
 // records the handler's duration and retries. It implements
 // [outbox.RelayObserver].
 func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
 	span := trace.SpanFromContext(ctx)
 	outcome := e.Outcome.String()
-	span.SetAttributes(KeyOutcome.String(outcome))
 	errType := errorType(e.Err)
+	if e.Outcome != outbox.OutcomeDone {
+		// Only here: adding an attribute to a started span copies its
+		// attributes, a cost every success would pay for "done".
+		span.SetAttributes(KeyOutcome.String(outcome))
+	}
 	if e.Err != nil {
 		fail(span, e.Err, errType)
 	}

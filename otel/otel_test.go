@@ -262,8 +262,11 @@ func TestTraceAcrossProcesses(t *testing.T) {
 				if sameTrace != child || isChild != child {
 					t.Errorf("message %s with ProcessAsChild=%v: in the request's trace %v, child of its create span %v", p.ID, child, sameTrace, isChild)
 				}
+				if got := attr(s, oncommitotel.KeyOutcome); got != "" {
+					t.Errorf("a successful delivery's span has oncommit.outcome %q, want none", got)
+				}
 				for k, want := range map[attribute.Key]string{oncommitotel.KeySystem: "oncommit", oncommitotel.KeyDestination: p.Topic,
-					oncommitotel.KeyOperationType: "process", oncommitotel.KeyOutcome: "done", oncommitotel.KeyAttempt: map[bool]string{false: "1", true: "2"}[child]} {
+					oncommitotel.KeyOperationType: "process", oncommitotel.KeyAttempt: map[bool]string{false: "1", true: "2"}[child]} {
 					if got := attr(s, k); got != want {
 						t.Errorf("process span attribute %s = %q, want %q", k, got, want)
 					}
