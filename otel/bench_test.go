@@ -8,8 +8,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/oncommit/oncommit/outbox"
 	oncommitotel "github.com/oncommit/oncommit/otel"
+	"github.com/oncommit/oncommit/outbox"
 )
 
 type discardSpans struct{}
