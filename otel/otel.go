@@ -104,9 +104,19 @@ type Telemetry struct {
 	processDur, opDur                                           metric.Float64Histogram
 
 	mu    sync.RWMutex
-	attrs map[attrKey]metric.MeasurementOption
+	attrs map[attrKey]*measureOpts
+	// starts holds, per topic, the name and first options of its process
+	// spans.
+	starts map[string]*processStart
 
 	queue queueState
+}
+
+// measureOpts are one attribute set's options, as the slices Add and
+// Record take: passing a slice that exists allocates nothing per call.
+type measureOpts struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
 }
 
 // attrKey names one attribute set of the metrics.
@@ -136,7 +146,8 @@ func New(cfg Config) (*Telemetry, error) {
 		cfg:    cfg,
 		tracer: cfg.TracerProvider.Tracer(ScopeName),
 		prop:   cfg.Propagator,
-		attrs:  map[attrKey]metric.MeasurementOption{},
+		attrs:  map[attrKey]*measureOpts{},
+		starts: map[string]*processStart{},
 	}
 	m := cfg.MeterProvider.Meter(ScopeName)
 	var errs []error
@@ -173,7 +184,7 @@ func New(cfg Config) (*Telemetry, error) {
 }
 
 // opts returns the measurement option for k, made once.
-func (t *Telemetry) opts(k attrKey) metric.MeasurementOption {
+func (t *Telemetry) opts(k attrKey) *measureOpts {
 	t.mu.RLock()
 	o, ok := t.attrs[k]
 	t.mu.RUnlock()
@@ -193,7 +204,8 @@ func (t *Telemetry) opts(k attrKey) metric.MeasurementOption {
 	if k.extra != "" {
 		kv = append(kv, k.extraKey.String(k.extra))
 	}
-	o = metric.WithAttributeSet(attribute.NewSet(kv...))
+	set := metric.WithAttributeSet(attribute.NewSet(kv...))
+	o = &measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
 	t.mu.Lock()
 	t.attrs[k] = o
 	t.mu.Unlock()
@@ -270,7 +282,7 @@ func (t *Telemetry) PublishEnd(ctx context.Context, e outbox.PublishEvent) {
 		if e.Err == nil && e.Results[i].Duplicate {
 			continue // not stored: not sent
 		}
-		t.sent.Add(ctx, 1, t.opts(attrKey{topic: m.Topic, op: operationCreate, errType: errType}))
+		t.sent.Add(ctx, 1, t.opts(attrKey{topic: m.Topic, op: operationCreate, errType: errType}).add...)
 		if links != nil {
 			links = append(links, trace.Link{SpanContext: span.SpanContext()})
 		}
@@ -306,10 +318,10 @@ func (t *Telemetry) PublishEnd(ctx context.Context, e outbox.PublishEvent) {
 // carries the span and the message's baggage. It implements
 // [outbox.RelayObserver].
 func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context.Context {
-	opts := make([]trace.SpanStartOption, 0, 4)
-	opts = append(opts, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-		KeySystem.String(System), KeyDestination.String(d.Topic), KeyOperationName.String(operationProcess),
-		KeyOperationType.String(operationProcess), KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt)))
+	ps := t.processStart(d.Topic)
+	opts := make([]trace.SpanStartOption, len(ps.opts), len(ps.opts)+3)
+	copy(opts, ps.opts)
+	opts = append(opts, trace.WithAttributes(KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt)))
 	if len(d.Headers) > 0 {
 		ctx = t.prop.Extract(ctx, propagation.MapCarrier(d.Headers))
 		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
@@ -319,9 +331,37 @@ func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context
 			}
 		}
 	}
-	ctx, _ = t.tracer.Start(ctx, operationProcess+" "+d.Topic, opts...)
-	t.consumed.Add(ctx, 1, t.opts(attrKey{topic: d.Topic, op: operationProcess}))
+	ctx, _ = t.tracer.Start(ctx, ps.name, opts...)
+	t.consumed.Add(ctx, 1, ps.consumed.add...)
 	return ctx
+}
+
+// processStart is what every process span of a topic starts with, and
+// the attributes of its consumed count: made once per topic.
+type processStart struct {
+	name     string
+	opts     []trace.SpanStartOption
+	consumed *measureOpts
+}
+
+func (t *Telemetry) processStart(topic string) *processStart {
+	t.mu.RLock()
+	ps, ok := t.starts[topic]
+	t.mu.RUnlock()
+	if ok {
+		return ps
+	}
+	ps = &processStart{
+		name: operationProcess + " " + topic,
+		opts: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			KeySystem.String(System), KeyDestination.String(topic), KeyOperationName.String(operationProcess),
+			KeyOperationType.String(operationProcess))},
+		consumed: t.opts(attrKey{topic: topic, op: operationProcess}),
+	}
+	t.mu.Lock()
+	t.starts[topic] = ps
+	t.mu.Unlock()
+	return ps
 }
 
 // HandlerEnd ends the process span, with the outcome and error.type when
@@ -341,9 +381,9 @@ func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
 		fail(span, e.Err, errType)
 	}
 	span.End()
-	t.processDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess, errType: errType, extraKey: KeyOutcome, extra: outcome}))
+	t.processDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess, errType: errType, extraKey: KeyOutcome, extra: outcome}).record...)
 	if e.Outcome == outbox.OutcomeRetry {
-		t.retried.Add(ctx, 1, t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess}))
+		t.retried.Add(ctx, 1, t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess}).add...)
 	}
 }
 
@@ -351,7 +391,7 @@ func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
 // Config.ClaimSpans). It implements [outbox.RelayObserver].
 func (t *Telemetry) ClaimEnd(ctx context.Context, e outbox.ClaimEvent) {
 	errType := errorType(e.Err)
-	t.opDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{op: operationClaim, errType: errType}))
+	t.opDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{op: operationClaim, errType: errType}).record...)
 	if !t.cfg.ClaimSpans {
 		return
 	}
@@ -371,10 +411,10 @@ func (t *Telemetry) ClaimEnd(ctx context.Context, e outbox.ClaimEvent) {
 func (t *Telemetry) SettleEnd(ctx context.Context, e outbox.SettleEvent) {
 	errType := errorType(e.Err)
 	if !e.Carried {
-		t.opDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{op: operationSettle, errType: errType}))
+		t.opDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{op: operationSettle, errType: errType}).record...)
 	}
 	if e.FencedOff > 0 {
-		t.fenced.Add(ctx, int64(e.FencedOff), t.opts(attrKey{op: operationSettle}))
+		t.fenced.Add(ctx, int64(e.FencedOff), t.opts(attrKey{op: operationSettle}).add...)
 	}
 	if !t.cfg.SettleSpans {
 		return
@@ -392,18 +432,18 @@ func (t *Telemetry) SettleEnd(ctx context.Context, e outbox.SettleEvent) {
 // DeadLettered counts a dead letter, with its reason. It implements
 // [outbox.RelayObserver].
 func (t *Telemetry) DeadLettered(ctx context.Context, e outbox.DeadLetterEvent) {
-	t.dead.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess, extraKey: KeyDeadReason, extra: e.Reason.String()}))
+	t.dead.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess, extraKey: KeyDeadReason, extra: e.Reason.String()}).add...)
 }
 
 // LeaseLost counts a lost lease. It implements [outbox.RelayObserver].
 func (t *Telemetry) LeaseLost(ctx context.Context, e outbox.LeaseLostEvent) {
-	t.leases.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess}))
+	t.leases.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess}).add...)
 }
 
 // ListenerChanged counts the listener's lost connections. It implements
 // [outbox.RelayObserver].
 func (t *Telemetry) ListenerChanged(ctx context.Context, s outbox.ListenerState) {
 	if s == outbox.ListenerDown {
-		t.listenerDown.Add(ctx, 1, t.opts(attrKey{}))
+		t.listenerDown.Add(ctx, 1, t.opts(attrKey{}).add...)
 	}
 }
