@@ -20,6 +20,7 @@ type obsRecorder struct {
 	handled   []outbox.HandlerEvent
 	settles   []outbox.SettleEvent
 	dead      []outbox.DeadLetterEvent
+	lost      []outbox.LeaseLostEvent
 	listener  []outbox.ListenerState
 	startCtxs atomic.Int64
 }
@@ -53,7 +54,22 @@ func (o *obsRecorder) DeadLettered(_ context.Context, e outbox.DeadLetterEvent) 
 	o.dead = append(o.dead, e)
 	o.mu.Unlock()
 }
-func (o *obsRecorder) LeaseLost(context.Context, outbox.LeaseLostEvent) {}
+func (o *obsRecorder) LeaseLost(_ context.Context, e outbox.LeaseLostEvent) {
+	o.mu.Lock()
+	o.lost = append(o.lost, e)
+	o.mu.Unlock()
+}
+
+// fencedOff returns the outcomes the settles reported fenced off.
+func (o *obsRecorder) fencedOff() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, s := range o.settles {
+		n += s.FencedOff
+	}
+	return n
+}
 func (o *obsRecorder) ListenerChanged(_ context.Context, s outbox.ListenerState) {
 	o.mu.Lock()
 	o.listener = append(o.listener, s)
