@@ -29,7 +29,7 @@ func BenchmarkDelivery(b *testing.B) {
 	for _, c := range []struct {
 		name    string
 		sampler sdktrace.Sampler
-	}{{"sampled", sdktrace.AlwaysSample()}, {"unsampled", sdktrace.NeverSample()}, {"metrics", nil}} {
+	}{{"sampled", sdktrace.AlwaysSample()}, {"ratio10", sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))}, {"unsampled", sdktrace.NeverSample()}, {"metrics", nil}} {
 		b.Run(c.name, func(b *testing.B) {
 			var tp trace.TracerProvider = noop.NewTracerProvider()
 			if c.sampler != nil {

@@ -91,7 +91,8 @@ func (q *queueState) observe(_ context.Context, o metric.Observer) error {
 // cfg.Elector says this replica leads, and reports the queue gauges
 // (oncommit.queue.messages per topic and state, oncommit.queue.oldest_due.age
 // per topic) from the last measurement. It blocks until ctx ends, then
-// releases the lead and returns nil; run it beside Relay.Run. A failed
+// releases the lead and returns nil; run it beside Relay.Run, once per
+// Telemetry (the gauges report one table's measurement). A failed
 // measurement or election is retried at the next interval; meanwhile the
 // gauges report nothing once the last measurement is older than three
 // intervals.

@@ -189,7 +189,9 @@ type PublishEvent struct {
 
 // PublishHook sees every message Publish and PublishBatch store; set it as
 // [Config.Hook]. The OpenTelemetry package implements it to start a span
-// per message and carry its trace context in the message's headers.
+// per message and carry its trace context in the message's headers. It is
+// not called when Publish fails before looking at the messages (ctx done,
+// a nil or finished transaction).
 type PublishHook interface {
 	// PublishStart is called for each message before it is validated. It
 	// may change m (add headers: m.Headers is a copy the hook owns, nil
