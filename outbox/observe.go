@@ -141,7 +141,9 @@ type DeadLetterEvent struct {
 // for [RelayObserver.LeaseLost].
 type LeaseLostEvent struct {
 	ID ID
-	// Topic is "" when the handler had returned meanwhile.
+	// Topic is "" when the handler had returned meanwhile; Attempt is then
+	// the claim count (the attempts column) rather than the attempt since
+	// the last redrive.
 	Topic   string
 	Attempt int
 }
