@@ -59,7 +59,7 @@ var concurrency = 0 // RelayConfig default
 
 var (
 	url        = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or compare, cost, ordered, ...)")
+	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered)")
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
@@ -126,6 +126,9 @@ func main() {
 	}
 	if *only == "vacuum" {
 		vacuumBench(ctx, pool)
+	}
+	if *only == "obs" {
+		obsBench(ctx, pool)
 	}
 	if *only == "variants" {
 		variants(ctx, pool)
@@ -244,7 +247,7 @@ func rawLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers
 // connection already open (as in a service that has been running), and
 // returns the drain to time: run them until every message is handled, then
 // stop them (Run drains: every outcome is written before it returns).
-func relays(ctx context.Context, ob *outbox.Outbox, k, total int) (run func()) {
+func relays(ctx context.Context, ob *outbox.Outbox, k, total int, observer ...outbox.RelayObserver) (run func()) {
 	var done atomic.Int64
 	finished := make(chan struct{})
 	var rs []*outbox.Relay
@@ -255,6 +258,9 @@ func relays(ctx context.Context, ob *outbox.Outbox, k, total int) (run func()) {
 		check(p.Ping(ctx))
 		pools = append(pools, p)
 		cfg := outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency, BatchSize: batchSize}
+		if len(observer) > 0 {
+			cfg.Observer = observer[0]
+		}
 		var db outbox.DB = pgxtx.FromPool(p)
 		if *countDB {
 			db, cfg.Tracer = timedDB{db}, stats

@@ -101,7 +101,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		failures = 0
 		for i := range claimed {
 			if c := &claimed[i]; c.Dead {
-				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase)
+				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase, "outcome", OutcomeDead.String())
 				if r.cfg.DiscardDead {
 					r.send(queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}, time.Now().Add(r.cfg.Lease)})
 				}
@@ -215,6 +215,10 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 		fences = append(fences, done[i].Fence)
 	}
 	r.claimFences = fences
+	var start time.Time
+	if r.cfg.Observer != nil {
+		start = time.Now()
+	}
 	p := outboxdriver.ClaimParams{
 		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
@@ -237,11 +241,14 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 		if r.cfg.Tracer != nil {
 			batch = settlements(done)
 		}
-		r.report(ctx, len(done), batch, applied, nil)
+		r.report(ctx, len(done), batch, applied, true, start, nil)
 	}
 	clear(done) // no error strings kept until the next claim
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceClaim(ctx, claimed, err)
+	}
+	if r.cfg.Observer != nil {
+		r.observeClaim(ctx, claimed, limit, start, err)
 	}
 	return claimed, err
 }

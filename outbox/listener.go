@@ -22,11 +22,11 @@ func (r *Relay) listenLoop(ctx context.Context) {
 	failures := 0
 	for {
 		up := false
-		r.health.listener(ListenerConnecting, false)
+		r.setListener(ctx, ListenerConnecting, false)
 		err := r.listen.ListenDB(ctx, sql, func(payload string) {
 			if !up { // the first call says LISTEN is in force
 				up = true
-				r.health.listener(ListenerListening, true)
+				r.setListener(ctx, ListenerListening, true)
 			}
 			r.notified(payload)
 		})
@@ -38,7 +38,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 		}
 		failures++
 		wait := listenRetry.Delay(failures)
-		r.health.listener(ListenerDown, false)
+		r.setListener(ctx, ListenerDown, false)
 		r.log.Warn("outbox: listener lost; reconnecting", "err", err, "retry_in", wait, "failures", failures)
 		r.signal() // poll now: notifications may have been missed
 		select {

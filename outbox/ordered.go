@@ -144,7 +144,10 @@ func (r *Relay) deliverOrdered(j *job) bool {
 	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
 	expires := time.Now().Add(r.cfg.Lease)
 	if spent {
-		r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "id", c.ID, "topic", c.Topic, "attempts", c.Attempts-c.AttemptsBase-1)
+		r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase-1)
+		if r.cfg.Observer != nil {
+			r.cfg.Observer.DeadLettered(&j.ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Attempt: c.Attempts - c.AttemptsBase - 1, Reason: DeadMaxAttempts})
+		}
 		s := outboxdriver.Settlement{Fence: head, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}
 		if c.KeySeq == 0 {
 			r.send(queued{s, expires})
@@ -165,14 +168,12 @@ func (r *Relay) deliverOrdered(j *job) bool {
 			m = &c.Run[i]
 			attempts = m.Attempts + 1
 		}
-		err := r.handleOne(&j.ctx, m, attempts)
-		if err == nil {
+		s := r.handleOne(&j.ctx, m, attempts)
+		if s.Kind == outboxdriver.SettleDone {
 			out.Done = append(out.Done, m.ID)
 			continue
 		}
-		mc := *m
-		mc.Attempts = attempts
-		out.Failed = r.outcome(&mc, err)
+		out.Failed = s
 		out.Halt = out.Failed.Kind == outboxdriver.SettleDead && r.halts(m.Topic)
 		break
 	}
@@ -181,17 +182,29 @@ func (r *Relay) deliverOrdered(j *job) bool {
 }
 
 // handleOne runs the handler of message m, delivered for the attempts-th
-// time.
-func (r *Relay) handleOne(ctx context.Context, m *outboxdriver.Claimed, attempts int) error {
+// time, and returns its outcome (told to the observer, if any).
+func (r *Relay) handleOne(ctx context.Context, m *outboxdriver.Claimed, attempts int) outboxdriver.Settlement {
 	d := Delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempt: attempts - m.AttemptsBase, CreatedAt: m.CreatedAt}
+	var err error
 	if len(m.Headers) > 0 {
-		h, err := decodeHeaders(m.Headers)
-		if err != nil {
-			return err
-		}
-		d.Headers = h
+		d.Headers, err = decodeHeaders(m.Headers)
 	}
-	return r.call(ctx, r.handlers[m.Topic], d)
+	var start time.Time
+	if r.cfg.Observer != nil {
+		ctx = r.cfg.Observer.HandlerStart(ctx, d)
+		start = time.Now()
+	}
+	ran := err == nil
+	if ran {
+		err = r.call(ctx, r.handlers[m.Topic], d)
+	}
+	mc := *m
+	mc.Attempts = attempts
+	s := r.outcome(&mc, err)
+	if r.cfg.Observer != nil {
+		r.observeHandled(ctx, &d, &s, start, ran, err)
+	}
+	return s
 }
 
 // startRuns starts the run settler of an ordered relay and returns the
@@ -298,6 +311,10 @@ func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
 	for i := range batch {
 		runs[i] = batch[i].RunOutcome
 	}
+	var start time.Time
+	if r.cfg.Observer != nil {
+		start = time.Now()
+	}
 	applied, err := r.ord.od.SettleRuns(ctx, r.db, r.ob.table, r.settleP, runs)
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
@@ -307,7 +324,7 @@ func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
 		// next poll, or a hot key would move one run per poll interval.
 		r.signal()
 	}
-	r.report(ctx, len(batch), nil, applied, err)
+	r.report(ctx, len(batch), nil, applied, false, start, err)
 	return err
 }
 

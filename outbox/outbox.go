@@ -99,6 +99,12 @@ type Config struct {
 	// the same table. The guide's section "Ordered delivery" is the
 	// contract. Defaults to false.
 	OrderByKey bool
+
+	// Hook, when set, sees each message Publish and PublishBatch store,
+	// before it is validated (it may add headers, such as a trace
+	// context), and the result of each call. PublishSQL does not run it.
+	// Defaults to nil.
+	Hook PublishHook
 }
 
 // Outbox publishes messages into the outbox table inside the caller's
@@ -336,6 +342,21 @@ func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Resul
 	if err := tx.CheckTx(); err != nil {
 		return err
 	}
+	if o.cfg.Hook != nil {
+		own, ctxs := o.hookStart(ctx, msgs)
+		err := o.insert(ctx, tx, own, res)
+		e := PublishEvent{Messages: own, Contexts: ctxs, Err: err}
+		if err == nil {
+			e.Results = res
+		}
+		o.cfg.Hook.PublishEnd(ctx, e)
+		return err
+	}
+	return o.insert(ctx, tx, msgs, res)
+}
+
+// insert validates msgs and stores them, filling res.
+func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result) error {
 	rows, err := o.rows(msgs)
 	if err != nil {
 		return err

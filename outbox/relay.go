@@ -135,6 +135,10 @@ func (r *Relay) Handle(topic string, h Handler) error {
 	if h == nil {
 		return &ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
+	h, err := r.wrapHandler(h)
+	if err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
@@ -184,7 +188,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	if r.pollOnly != nil {
-		r.log.Info("outbox: relay polls only", "reason", r.pollOnly, "poll_interval", r.cfg.PollInterval)
+		r.log.Debug("outbox: relay polls only", "reason", r.pollOnly, "poll_interval", r.cfg.PollInterval)
 	}
 
 	// Handlers' contexts carry ctx's values but outlive it by the grace

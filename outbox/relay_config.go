@@ -163,8 +163,21 @@ type RelayConfig struct {
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// Tracer, when set, is told about each claim and settle.
+	// Tracer, when set, is told about each claim and settle, with the
+	// dialect's rows (tests and benchmarks use it; for telemetry, see
+	// Observer).
 	Tracer RelayTracer
+
+	// Observer, when set, is told about claims, handler runs, writes of
+	// outcomes, dead letters, lost leases and the listener's state (the
+	// OpenTelemetry package implements it). Defaults to nil: nothing is
+	// observed, at no cost.
+	Observer RelayObserver
+
+	// Middleware wraps every handler registered with Handle or HandleJSON,
+	// once, at registration: the first element is the outermost. Defaults
+	// to none.
+	Middleware []Middleware
 }
 
 // RelayTracer observes a relay. Its methods are called from the relay's

@@ -207,7 +207,8 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		return nil
 	}}
 	tr := dialecttest.NewTrace()
-	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, Tracer: tr, Listen: outbox.ListenOff}))
+	obs := &obsRecorder{}
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: time.Second, Tracer: tr, Observer: obs, Listen: outbox.ListenOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +239,13 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	}
 	if a := rec.attempts(ids[0]); len(a) != 2 {
 		t.Errorf("attempts %v, want [1 2]", a)
+	}
+	// The observer heard of the lost lease and of the fenced-off outcome.
+	eventually(t, 5*time.Second, "the fenced-off settle observed", func() bool { return obs.fencedOff() == 1 })
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.lost) != 1 || obs.lost[0].ID != ids[0] || obs.lost[0].Topic != "t" || obs.lost[0].Attempt != 1 {
+		t.Errorf("lease lost events %+v, want one for %s, topic t, attempt 1", obs.lost, ids[0])
 	}
 }
 

@@ -50,23 +50,30 @@ func (r *Relay) renewLoop(ctx context.Context) {
 				if still[f] {
 					continue
 				}
-				r.log.Warn("outbox: lease lost: the message was claimed again; cancelling its handler, whose outcome will be fenced off", "id", f.ID, "attempt", f.Attempts)
-				r.cancelHandler(f)
+				topic, attempt := r.cancelHandler(f)
+				r.log.Warn("outbox: lease lost: the message was claimed again; cancelling its handler, whose outcome will be fenced off", "message_id", f.ID, "topic", topic, "attempt", attempt)
+				if r.cfg.Observer != nil {
+					r.cfg.Observer.LeaseLost(ctx, LeaseLostEvent{ID: f.ID, Topic: topic, Attempt: attempt})
+				}
 			}
 		}
 	})
 }
 
 // cancelHandler cancels the context of the handler of claim f, if it is
-// running.
-func (r *Relay) cancelHandler(f outboxdriver.Fence) {
+// running, and returns its message's topic and attempt (as Delivery.Attempt
+// counts it); "" and f's claim count when it is not.
+func (r *Relay) cancelHandler(f outboxdriver.Fence) (topic string, attempt int) {
+	attempt = f.Attempts
 	r.inflightMu.Lock()
 	defer r.inflightMu.Unlock()
 	for b := range r.inflight {
 		for i := range b.jobs {
 			if j := &b.jobs[i]; j.c.ID == f.ID && j.c.Attempts == f.Attempts {
 				j.ctx.cancel()
+				topic, attempt = j.c.Topic, j.c.Attempts-j.c.AttemptsBase
 			}
 		}
 	}
+	return topic, attempt
 }

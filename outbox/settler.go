@@ -197,7 +197,7 @@ func (r *Relay) dropped(why string, batch []queued) {
 	for _, s := range batch[:min(len(batch), 10)] {
 		ids = append(ids, s.ID.String())
 	}
-	r.log.Warn("outbox: outcomes dropped; their messages will be delivered again after their lease", "why", why, "count", len(batch), "ids", ids)
+	r.log.Warn("outbox: outcomes dropped; their messages will be delivered again after their lease", "why", why, "count", len(batch), "message_ids", ids)
 }
 
 // settleLoop writes outcomes. Retries and dead letters are written in
@@ -329,17 +329,22 @@ func (r *Relay) finalSettle(ctx context.Context) {
 func (r *Relay) settle(ctx context.Context, batch []outboxdriver.Settlement) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
+	var start time.Time
+	if r.cfg.Observer != nil {
+		start = time.Now()
+	}
 	applied, err := r.d.Settle(ctx, r.db, r.ob.table, r.settleP, batch)
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
 	}
-	r.report(ctx, len(batch), batch, applied, err)
+	r.report(ctx, len(batch), batch, applied, false, start, err)
 	return err
 }
 
-// report logs and traces the outcome of writing n settlements; batch holds
-// them when there is a tracer to tell.
-func (r *Relay) report(ctx context.Context, n int, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, err error) {
+// report logs and traces the outcome of writing n settlements (by a claim
+// when carried, a statement that began at start); batch holds them when
+// there is a tracer to tell.
+func (r *Relay) report(ctx context.Context, n int, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, carried bool, start time.Time, err error) {
 	if err != nil {
 		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", n)
 	} else if len(applied) < n {
@@ -347,5 +352,8 @@ func (r *Relay) report(ctx context.Context, n int, batch []outboxdriver.Settleme
 	}
 	if r.cfg.Tracer != nil {
 		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)
+	}
+	if r.cfg.Observer != nil {
+		r.observeSettle(ctx, n, len(applied), carried, start, err)
 	}
 }

@@ -113,6 +113,10 @@ func (r *Relay) deliver(j *job) {
 	if len(c.Headers) > 0 {
 		d.Headers, err = decodeHeaders(c.Headers)
 	}
+	if r.cfg.Observer != nil {
+		r.deliverObserved(j, h, &d, err)
+		return
+	}
 	if err == nil {
 		err = r.call(&j.ctx, h, d)
 	}
@@ -135,7 +139,7 @@ func decodeHeaders(b []byte) (map[string]string, error) {
 func (r *Relay) call(ctx context.Context, h Handler, d Delivery) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.log.Error("outbox: handler panicked", "id", d.ID, "topic", d.Topic, "panic", p, "stack", string(debug.Stack()))
+			r.log.Error("outbox: handler panicked", "message_id", d.ID, "topic", d.Topic, "panic", p, "stack", string(debug.Stack()))
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()
@@ -161,13 +165,13 @@ func (r *Relay) failure(c *outboxdriver.Claimed, s outboxdriver.Settlement, err 
 	switch {
 	case errors.As(err, &cancel):
 		s.Kind, s.Error = outboxdriver.SettleDead, cleanError(err)
-		r.log.Warn("outbox: message cancelled; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", attempt, "err", err)
+		r.log.Warn("outbox: message cancelled; dead-lettered", "message_id", c.ID, "topic", c.Topic, "attempt", attempt, "outcome", OutcomeDead.String(), "err", err)
 		return s
 	}
 	s.Error = cleanError(err)
 	if attempt >= r.cfg.MaxAttempts {
 		s.Kind = outboxdriver.SettleDead
-		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "id", c.ID, "topic", c.Topic, "attempt", attempt, "err", err)
+		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "message_id", c.ID, "topic", c.Topic, "attempt", attempt, "outcome", OutcomeDead.String(), "err", err)
 		return s
 	}
 	s.Kind = outboxdriver.SettleRetry
@@ -176,7 +180,7 @@ func (r *Relay) failure(c *outboxdriver.Claimed, s outboxdriver.Settlement, err 
 	} else {
 		s.Delay = r.retry.Delay(attempt)
 	}
-	r.log.Info("outbox: handler failed; retrying", "id", c.ID, "topic", c.Topic, "attempt", attempt, "retry_in", s.Delay, "err", err)
+	r.log.Info("outbox: handler failed; retrying", "message_id", c.ID, "topic", c.Topic, "attempt", attempt, "outcome", OutcomeRetry.String(), "retry_in", s.Delay, "err", err)
 	return s
 }
 

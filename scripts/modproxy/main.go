@@ -1,6 +1,6 @@
 // Command modproxy writes a file-based Go module proxy (GOPROXY=file://DIR)
 // holding this repository's published modules at one version, as if they
-// had been tagged: the library, dialect/sqlite and dialect/mysql. Each
+// had been tagged: the library, dialect/sqlite, dialect/mysql and otel. Each
 // module's go.mod is written as a release would have it: requirements of
 // the other oncommit modules at that version, and no replace directives.
 // scripts/modgraph.sh uses it to measure what a service pays for importing
@@ -26,7 +26,7 @@ import (
 const root = "github.com/oncommit/oncommit"
 
 // published are the module directories a release tags.
-var published = []string{".", "dialect/sqlite", "dialect/mysql"}
+var published = []string{".", "dialect/sqlite", "dialect/mysql", "otel"}
 
 func main() {
 	repo := flag.String("repo", ".", "repository root")

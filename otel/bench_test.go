@@ -1,0 +1,57 @@
+package oncommitotel_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	oncommitotel "github.com/oncommit/oncommit/otel"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+type discardSpans struct{}
+
+func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardSpans) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkDelivery is the observer's cost per delivery (HandlerStart and
+// HandlerEnd of a message that carries a trace context, and the metrics),
+// with the SDK sampling every span into a batch processor, sampling none,
+// or no tracer (metrics only):
+//
+//	go test ./otel -run '^$' -bench Delivery -benchmem
+func BenchmarkDelivery(b *testing.B) {
+	for _, c := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{{"sampled", sdktrace.AlwaysSample()}, {"ratio10", sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))}, {"unsampled", sdktrace.NeverSample()}, {"metrics", nil}} {
+		b.Run(c.name, func(b *testing.B) {
+			var tp trace.TracerProvider = noop.NewTracerProvider()
+			if c.sampler != nil {
+				sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}), sdktrace.WithSampler(c.sampler))
+				defer sdk.Shutdown(context.Background())
+				tp = sdk
+			}
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			tel, err := oncommitotel.New(oncommitotel.Config{TracerProvider: tp, MeterProvider: mp})
+			if err != nil {
+				b.Fatal(err)
+			}
+			m := outbox.Message{Topic: "bench"}
+			tel.PublishStart(context.Background(), &m)
+			m.Headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+			d := outbox.Delivery{ID: outbox.NewID(), Topic: "bench", Headers: m.Headers, Payload: []byte(`{}`), Attempt: 1}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				hctx := tel.HandlerStart(ctx, d)
+				tel.HandlerEnd(hctx, outbox.HandlerEvent{Delivery: d, Outcome: outbox.OutcomeDone, Duration: time.Microsecond})
+			}
+		})
+	}
+}

@@ -1,0 +1,449 @@
+package oncommitotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// ScopeName is the instrumentation scope of the tracer and the meter.
+const ScopeName = "github.com/oncommit/oncommit/otel"
+
+// System is the value of messaging.system on every span and metric.
+const System = "oncommit"
+
+// Attribute keys. The messaging.* and error.type keys are those of the
+// OpenTelemetry semantic conventions for messaging; the oncommit.* keys
+// are this package's own.
+const (
+	KeySystem          = attribute.Key("messaging.system")
+	KeyDestination     = attribute.Key("messaging.destination.name")
+	KeyOperationName   = attribute.Key("messaging.operation.name")
+	KeyOperationType   = attribute.Key("messaging.operation.type")
+	KeyMessageID       = attribute.Key("messaging.message.id")
+	KeyBatchCount      = attribute.Key("messaging.batch.message_count")
+	KeyErrorType       = attribute.Key("error.type")
+	KeyAttempt         = attribute.Key("oncommit.attempt")
+	KeyOutcome         = attribute.Key("oncommit.outcome")
+	KeyDuplicate       = attribute.Key("oncommit.duplicate")
+	KeyDeadReason      = attribute.Key("oncommit.dead_letter.reason")
+	KeyState           = attribute.Key("oncommit.state")
+	KeyFencedOff       = attribute.Key("oncommit.fenced_off")
+	KeyCarriedByClaim  = attribute.Key("oncommit.carried_by_claim")
+	KeyListenerState   = attribute.Key("oncommit.listener.state")
+	otherErrorType     = "_OTHER"
+	operationCreate    = "create"
+	operationSend      = "send"
+	operationProcess   = "process"
+	operationClaim     = "claim"
+	operationSettle    = "settle"
+	operationReceive   = "receive"
+	operationTypeSettl = "settle"
+)
+
+// Metric names.
+const (
+	MetricSent              = "messaging.client.sent.messages"
+	MetricConsumed          = "messaging.client.consumed.messages"
+	MetricProcessDuration   = "messaging.process.duration"
+	MetricOperationDuration = "messaging.client.operation.duration"
+	MetricDeadLettered      = "oncommit.messages.dead_lettered"
+	MetricRetried           = "oncommit.messages.retried"
+	MetricLeasesLost        = "oncommit.leases.lost"
+	MetricFencedOff         = "oncommit.settles.fenced_off"
+	MetricListenerDown      = "oncommit.listener.disconnects"
+	MetricQueueMessages     = "oncommit.queue.messages"
+	MetricQueueOldestAge    = "oncommit.queue.oldest_due.age"
+)
+
+// Config configures a [Telemetry]. The zero value works.
+type Config struct {
+	// TracerProvider makes the tracer. Defaults to otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the meter. Defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Propagator writes the creation context into each message's headers
+	// and reads it back at delivery. Defaults to the W3C trace context
+	// and baggage (traceparent, tracestate, baggage).
+	Propagator propagation.TextMapPropagator
+	// ProcessAsChild makes each process span a child of the span that
+	// created the message (it still links to it), so a request's trace
+	// shows its deliveries. Defaults to false: the process span starts a
+	// trace of its own and links to the creation span, as the messaging
+	// conventions advise (a delivery can come much later, retried many
+	// times).
+	ProcessAsChild bool
+	// ClaimSpans and SettleSpans make a CLIENT span per claim and per
+	// write of outcomes. Default to false: their durations are metrics.
+	ClaimSpans  bool
+	SettleSpans bool
+}
+
+// Telemetry turns oncommit's hooks into OpenTelemetry spans and metrics.
+// It is an [outbox.PublishHook] (set it as outbox.Config.Hook) and an
+// [outbox.RelayObserver] (set it as outbox.RelayConfig.Observer); one
+// Telemetry may serve several Outboxes and Relays. [Telemetry.ObserveQueue]
+// adds the queue gauges. It is safe for concurrent use.
+type Telemetry struct {
+	cfg    Config
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+
+	sent, consumed, dead, retried, leases, fenced, listenerDown metric.Int64Counter
+	processDur, opDur                                           metric.Float64Histogram
+
+	mu    sync.RWMutex
+	attrs map[attrKey]*measureOpts
+	// starts holds, per topic, the name and first options of its process
+	// spans.
+	starts map[string]*processStart
+
+	queue queueState
+}
+
+// measureOpts are one attribute set's options, as the slices Add and
+// Record take: passing a slice that exists allocates nothing per call.
+type measureOpts struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
+}
+
+// attrKey names one attribute set of the metrics.
+type attrKey struct {
+	topic, op, errType string
+	extraKey           attribute.Key
+	extra              string
+}
+
+var (
+	_ outbox.PublishHook   = (*Telemetry)(nil)
+	_ outbox.RelayObserver = (*Telemetry)(nil)
+)
+
+// New returns a Telemetry with its instruments made.
+func New(cfg Config) (*Telemetry, error) {
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	t := &Telemetry{
+		cfg:    cfg,
+		tracer: cfg.TracerProvider.Tracer(ScopeName),
+		prop:   cfg.Propagator,
+		attrs:  map[attrKey]*measureOpts{},
+		starts: map[string]*processStart{},
+	}
+	m := cfg.MeterProvider.Meter(ScopeName)
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	t.sent = counter(MetricSent, "{message}", "Messages published (stored in the outbox table by the caller's transaction).")
+	t.consumed = counter(MetricConsumed, "{message}", "Messages delivered to a handler.")
+	t.dead = counter(MetricDeadLettered, "{message}", "Messages dead-lettered.")
+	t.retried = counter(MetricRetried, "{message}", "Handler failures rescheduled for another attempt.")
+	t.leases = counter(MetricLeasesLost, "{lease}", "Leases lost while a handler ran: another claim took the message.")
+	t.fenced = counter(MetricFencedOff, "{message}", "Outcomes not written because another claim had taken the message.")
+	t.listenerDown = counter(MetricListenerDown, "{disconnect}", "Wake-up listener connections lost.")
+	// Buckets for durations in seconds from a millisecond to a minute:
+	// the conventions' default buckets stop at 10 s, short of slow
+	// handlers.
+	buckets := metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+	var err error
+	t.processDur, err = m.Float64Histogram(MetricProcessDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Duration of handler runs."))
+	errs = append(errs, err)
+	t.opDur, err = m.Float64Histogram(MetricOperationDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Duration of the relay's claim and settle statements."))
+	errs = append(errs, err)
+	if err := t.queue.init(t, m); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("oncommitotel: %w", err)
+	}
+	return t, nil
+}
+
+// opts returns the measurement option for k, made once.
+func (t *Telemetry) opts(k attrKey) *measureOpts {
+	t.mu.RLock()
+	o, ok := t.attrs[k]
+	t.mu.RUnlock()
+	if ok {
+		return o
+	}
+	kv := []attribute.KeyValue{KeySystem.String(System)}
+	if k.topic != "" {
+		kv = append(kv, KeyDestination.String(k.topic))
+	}
+	if k.op != "" {
+		kv = append(kv, KeyOperationName.String(k.op))
+	}
+	if k.errType != "" {
+		kv = append(kv, KeyErrorType.String(k.errType))
+	}
+	if k.extra != "" {
+		kv = append(kv, k.extraKey.String(k.extra))
+	}
+	set := metric.WithAttributeSet(attribute.NewSet(kv...))
+	o = &measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
+	t.mu.Lock()
+	t.attrs[k] = o
+	t.mu.Unlock()
+	return o
+}
+
+// errorType is the error.type of err: its Go type, the convention for
+// errors without a code, "" for nil.
+func errorType(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	var dl *outbox.DeadLetterError
+	if errors.As(err, &dl) {
+		return "dead_letter"
+	}
+	var re *outbox.RetryError
+	if errors.As(err, &re) {
+		return "retry_requested"
+	}
+	if s := fmt.Sprintf("%T", err); s != "" {
+		return s
+	}
+	return otherErrorType
+}
+
+// fail records err on span.
+func fail(span trace.Span, err error, errType string) {
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	span.SetAttributes(KeyErrorType.String(errType))
+}
+
+// PublishStart starts the PRODUCER create span of m and writes its
+// context into m's headers. It implements [outbox.PublishHook].
+func (t *Telemetry) PublishStart(ctx context.Context, m *outbox.Message) context.Context {
+	ctx, _ = t.tracer.Start(ctx, operationCreate+" "+m.Topic,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(KeySystem.String(System), KeyDestination.String(m.Topic),
+			KeyOperationName.String(operationCreate), KeyOperationType.String(operationCreate)))
+	if m.Headers == nil {
+		m.Headers = make(map[string]string, 2)
+	}
+	t.prop.Inject(ctx, propagation.MapCarrier(m.Headers))
+	return ctx
+}
+
+// PublishEnd ends the create spans with the messages' ids (or the error),
+// counts the messages sent and, for a batch, records a send span linking
+// the create spans. It implements [outbox.PublishHook].
+func (t *Telemetry) PublishEnd(ctx context.Context, e outbox.PublishEvent) {
+	errType := errorType(e.Err)
+	var links []trace.Link
+	if len(e.Messages) > 1 {
+		links = make([]trace.Link, 0, len(e.Messages))
+	}
+	topic := ""
+	for i := range e.Messages {
+		m := &e.Messages[i]
+		span := trace.SpanFromContext(e.Contexts[i])
+		if e.Err != nil {
+			fail(span, e.Err, errType)
+		} else if r := e.Results[i]; r.Duplicate {
+			span.SetAttributes(KeyDuplicate.Bool(true))
+		} else {
+			span.SetAttributes(KeyMessageID.String(r.ID.String()))
+		}
+		span.End()
+		if e.Err == nil && e.Results[i].Duplicate {
+			continue // not stored: not sent
+		}
+		t.sent.Add(ctx, 1, t.opts(attrKey{topic: m.Topic, op: operationCreate, errType: errType}).add...)
+		if links != nil {
+			links = append(links, trace.Link{SpanContext: span.SpanContext()})
+		}
+		if i == 0 {
+			topic = m.Topic
+		} else if m.Topic != topic {
+			topic = ""
+		}
+	}
+	if links == nil {
+		return
+	}
+	kv := []attribute.KeyValue{KeySystem.String(System), KeyOperationName.String(operationSend),
+		KeyOperationType.String(operationSend), KeyBatchCount.Int(len(e.Messages))}
+	if topic != "" {
+		kv = append(kv, KeyDestination.String(topic))
+	}
+	name := operationSend
+	if topic != "" {
+		name += " " + topic
+	}
+	_, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithLinks(links...), trace.WithAttributes(kv...))
+	if e.Err != nil {
+		fail(span, e.Err, errType)
+	}
+	span.End()
+}
+
+// HandlerStart starts the CONSUMER process span of a delivery, linked to
+// the span that created the message (a child of it with
+// Config.ProcessAsChild), and counts the delivery. The handler's context
+// carries the span and the message's baggage. It implements
+// [outbox.RelayObserver].
+func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context.Context {
+	ps := t.processStart(d.Topic)
+	opts := make([]trace.SpanStartOption, len(ps.opts), len(ps.opts)+3)
+	copy(opts, ps.opts)
+	opts = append(opts, trace.WithAttributes(KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt)))
+	if len(d.Headers) > 0 {
+		ctx = t.prop.Extract(ctx, propagation.MapCarrier(d.Headers))
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+			if !t.cfg.ProcessAsChild {
+				opts = append(opts, trace.WithNewRoot())
+			}
+		}
+	}
+	ctx, _ = t.tracer.Start(ctx, ps.name, opts...)
+	t.consumed.Add(ctx, 1, ps.consumed.add...)
+	return ctx
+}
+
+// processStart is what every process span of a topic starts with, and
+// the attributes of its consumed count: made once per topic.
+type processStart struct {
+	name     string
+	opts     []trace.SpanStartOption
+	consumed *measureOpts
+}
+
+func (t *Telemetry) processStart(topic string) *processStart {
+	t.mu.RLock()
+	ps, ok := t.starts[topic]
+	t.mu.RUnlock()
+	if ok {
+		return ps
+	}
+	ps = &processStart{
+		name: operationProcess + " " + topic,
+		opts: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			KeySystem.String(System), KeyDestination.String(topic), KeyOperationName.String(operationProcess),
+			KeyOperationType.String(operationProcess))},
+		consumed: t.opts(attrKey{topic: topic, op: operationProcess}),
+	}
+	t.mu.Lock()
+	t.starts[topic] = ps
+	t.mu.Unlock()
+	return ps
+}
+
+// HandlerEnd ends the process span, with the outcome and error.type when
+// the delivery did not succeed (a span without them succeeded), and
+// records the handler's duration and retries. It implements
+// [outbox.RelayObserver].
+func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
+	span := trace.SpanFromContext(ctx)
+	outcome := e.Outcome.String()
+	errType := errorType(e.Err)
+	if e.Outcome != outbox.OutcomeDone {
+		// Only here: adding an attribute to a started span copies its
+		// attributes, a cost every success would pay for "done".
+		span.SetAttributes(KeyOutcome.String(outcome))
+	}
+	if e.Err != nil {
+		fail(span, e.Err, errType)
+	}
+	span.End()
+	t.processDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess, errType: errType, extraKey: KeyOutcome, extra: outcome}).record...)
+	if e.Outcome == outbox.OutcomeRetry {
+		t.retried.Add(ctx, 1, t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess}).add...)
+	}
+}
+
+// ClaimEnd records the claim's duration (and its span with
+// Config.ClaimSpans). It implements [outbox.RelayObserver].
+func (t *Telemetry) ClaimEnd(ctx context.Context, e outbox.ClaimEvent) {
+	errType := errorType(e.Err)
+	t.opDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{op: operationClaim, errType: errType}).record...)
+	if !t.cfg.ClaimSpans {
+		return
+	}
+	_, span := t.tracer.Start(ctx, operationClaim, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithTimestamp(time.Now().Add(-e.Duration)), trace.WithAttributes(
+			KeySystem.String(System), KeyOperationName.String(operationClaim), KeyOperationType.String(operationReceive),
+			KeyBatchCount.Int(e.Claimed)))
+	if e.Err != nil {
+		fail(span, e.Err, errType)
+	}
+	span.End()
+}
+
+// SettleEnd records the write's duration (for a settle statement of its
+// own) and the fenced-off outcomes (and a span with Config.SettleSpans).
+// It implements [outbox.RelayObserver].
+func (t *Telemetry) SettleEnd(ctx context.Context, e outbox.SettleEvent) {
+	errType := errorType(e.Err)
+	if !e.Carried {
+		t.opDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{op: operationSettle, errType: errType}).record...)
+	}
+	if e.FencedOff > 0 {
+		t.fenced.Add(ctx, int64(e.FencedOff), t.opts(attrKey{op: operationSettle}).add...)
+	}
+	if !t.cfg.SettleSpans {
+		return
+	}
+	_, span := t.tracer.Start(ctx, operationSettle, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithTimestamp(time.Now().Add(-e.Duration)), trace.WithAttributes(
+			KeySystem.String(System), KeyOperationName.String(operationSettle), KeyOperationType.String(operationTypeSettl),
+			KeyBatchCount.Int(e.Count), KeyFencedOff.Int(e.FencedOff), KeyCarriedByClaim.Bool(e.Carried)))
+	if e.Err != nil {
+		fail(span, e.Err, errType)
+	}
+	span.End()
+}
+
+// DeadLettered counts a dead letter, with its reason. It implements
+// [outbox.RelayObserver].
+func (t *Telemetry) DeadLettered(ctx context.Context, e outbox.DeadLetterEvent) {
+	t.dead.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess, extraKey: KeyDeadReason, extra: e.Reason.String()}).add...)
+}
+
+// LeaseLost counts a lost lease. It implements [outbox.RelayObserver].
+func (t *Telemetry) LeaseLost(ctx context.Context, e outbox.LeaseLostEvent) {
+	t.leases.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess}).add...)
+}
+
+// ListenerChanged counts the listener's lost connections. It implements
+// [outbox.RelayObserver].
+func (t *Telemetry) ListenerChanged(ctx context.Context, s outbox.ListenerState) {
+	if s == outbox.ListenerDown {
+		t.listenerDown.Add(ctx, 1, t.opts(attrKey{}).add...)
+	}
+}
