@@ -119,7 +119,14 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /{$}", h.index)
 	h.mux.HandleFunc("GET /messages", h.list)
 	h.mux.HandleFunc("GET /message/{id}", h.message)
-	h.mux.Handle("POST /act", http.NewCrossOriginProtection().Handler(http.HandlerFunc(h.act)))
+	act := http.NewCrossOriginProtection().Handler(http.HandlerFunc(h.act))
+	h.mux.HandleFunc("POST /act", func(w http.ResponseWriter, r *http.Request) {
+		if !h.cfg.Actions {
+			http.Error(w, "dashboard: read-only (actions are not enabled)", http.StatusForbidden)
+			return
+		}
+		act.ServeHTTP(w, r)
+	})
 	return h, nil
 }
 
@@ -378,10 +385,6 @@ var actions = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": ou
 // shows a confirmation page, the second (confirm=yes) acts and redirects
 // (303) back to the list with a notice of how many messages changed.
 func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
-	if !h.cfg.Actions {
-		http.Error(w, "dashboard: read-only (actions are not enabled)", http.StatusForbidden)
-		return
-	}
 	if err := r.ParseForm(); err != nil {
 		http.Error(w, "dashboard: "+err.Error(), http.StatusBadRequest)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,11 @@ var inspectCases = []struct {
 	{"InspectActions", inspectActions},
 	{"InspectBulkBatches", inspectBulk},
 	{"InspectRedriveRacesRelay", inspectRedriveRace},
+}
+
+// actOpts logs actions to the test's output.
+func actOpts(t *testing.T) *outbox.ActOptions {
+	return &outbox.ActOptions{Actor: "test", Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 }
 
 // kill claims up to n due messages of topic and dead-letters them with
@@ -182,7 +188,7 @@ func inspectPages(t *testing.T, e *env) {
 
 func inspectActions(t *testing.T, e *env) {
 	ctx := context.Background()
-	log := &outbox.ActOptions{Actor: "test"}
+	log := actOpts(t)
 	e.publish(t, outbox.Message{Topic: "x"}, outbox.Message{Topic: "x"}, outbox.Message{Topic: "x"})
 	dead := kill(t, e, "x", 3, "bad")
 	later := e.publish(t, outbox.Message{Topic: "y", Delay: time.Hour}, outbox.Message{Topic: "y", Delay: time.Hour})
@@ -264,31 +270,31 @@ func inspectBulk(t *testing.T, e *env) {
 	dead := outbox.Filter{States: []outbox.State{outbox.StateDead}, Topic: "bulk"}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if got, err := e.ob.Act(cctx, e.DB, outbox.ActRedrive, dead, nil); !errors.Is(err, context.Canceled) || got != 0 {
+	if got, err := e.ob.Act(cctx, e.DB, outbox.ActRedrive, dead, actOpts(t)); !errors.Is(err, context.Canceled) || got != 0 {
 		t.Errorf("cancelled redrive: %d, %v", got, err)
 	}
-	if got, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, dead, nil); err != nil || got != n {
+	if got, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, dead, actOpts(t)); err != nil || got != n {
 		t.Fatalf("redrive of %d dead messages: %d, %v", n, got, err)
 	}
 	if c, err := e.ob.Count(ctx, e.DB, dead); err != nil || c != 0 || e.count(t, "state = 'pending'") != n {
 		t.Errorf("after the bulk redrive: %d dead, %v", c, err)
 	}
-	if got, err := e.ob.Act(ctx, e.DB, outbox.ActDelete, outbox.Filter{Topic: "bulk"}, nil); err != nil || got != n || e.count(t, "") != 0 {
+	if got, err := e.ob.Act(ctx, e.DB, outbox.ActDelete, outbox.Filter{Topic: "bulk"}, actOpts(t)); err != nil || got != n || e.count(t, "") != 0 {
 		t.Errorf("bulk delete: %d, %v", got, err)
 	}
 }
 
 // inspectRedriveRace: bulk redrives by filter, run again and again while a
 // relay claims, fails and dead-letters the same messages, only ever revive
-// dead ones: a message never runs in two handlers at once (a redrive that
-// made a processing message pending would let a second claim take it
-// while its handler runs: the lease is a minute), and once the handler
-// heals every message is delivered.
+// dead ones: a message stays processing while its handler runs, and never
+// runs in two handlers at once (a redrive that made a processing message
+// pending would let a second claim take it while its handler runs: the
+// lease is a minute); once the handler heals every message is delivered.
 func inspectRedriveRace(t *testing.T, e *env) {
 	const n = 40
 	var mu sync.Mutex
 	running := map[outbox.ID]bool{}
-	var twice []string
+	var twice, touched []string
 	var healed atomic.Bool
 	e.relay(t, outbox.RelayConfig{MaxAttempts: 1, Lease: time.Minute, Concurrency: 8}, map[string]outbox.Handler{"race": func(ctx context.Context, d outbox.Delivery) error {
 		mu.Lock()
@@ -297,8 +303,13 @@ func inspectRedriveRace(t *testing.T, e *env) {
 		}
 		running[d.ID] = true
 		mu.Unlock()
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
+		// While a handler runs, its message stays processing.
+		m, err := e.ob.Get(ctx, e.DB, d.ID)
 		mu.Lock()
+		if err != nil || m.State != outbox.StateProcessing {
+			touched = append(touched, fmt.Sprintf("%s: %s, %v", d.ID, m.State, err))
+		}
 		delete(running, d.ID)
 		mu.Unlock()
 		if healed.Load() {
@@ -312,11 +323,14 @@ func inspectRedriveRace(t *testing.T, e *env) {
 	}
 	e.publish(t, msgs...)
 	ctx := context.Background()
-	f := outbox.Filter{States: []outbox.State{outbox.StateDead}, Topic: "race"}
+	// No state in the filter: the action's own fence (state dead) is all
+	// that keeps processing messages out.
+	f := outbox.Filter{Topic: "race"}
+	quiet := &outbox.ActOptions{Logger: slog.New(slog.DiscardHandler)} // hundreds of lines otherwise
 	var revived int64
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		got, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, f, nil)
+		got, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, f, quiet)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,7 +338,7 @@ func inspectRedriveRace(t *testing.T, e *env) {
 	}
 	healed.Store(true)
 	waitFor(t, "every message delivered", func() bool {
-		if _, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, f, nil); err != nil {
+		if _, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, f, quiet); err != nil {
 			t.Fatal(err)
 		}
 		return e.count(t, "") == 0
@@ -333,6 +347,9 @@ func inspectRedriveRace(t *testing.T, e *env) {
 	defer mu.Unlock()
 	if len(twice) > 0 {
 		t.Errorf("messages run by two handlers at once (a redrive revived a processing message): %v", twice)
+	}
+	if len(touched) > 0 {
+		t.Errorf("messages changed under their running handlers (a redrive revived a processing message): %v", touched)
 	}
 	if revived == 0 {
 		t.Error("no redrive found a dead message while the relay ran: the race was not exercised")
