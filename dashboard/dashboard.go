@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -452,6 +453,20 @@ var funcs = template.FuncMap{
 			return string(r[:120]) + "…"
 		}
 		return s
+	},
+	// headers decodes a headers object into sorted key, value pairs; nil
+	// when it is not one (then pretty shows it as stored).
+	"headers": func(b []byte) [][2]string {
+		var m map[string]string
+		if b == nil || json.Unmarshal(b, &m) != nil || len(m) == 0 {
+			return nil
+		}
+		out := make([][2]string, 0, len(m))
+		for k, v := range m {
+			out = append(out, [2]string{k, v})
+		}
+		slices.SortFunc(out, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+		return out
 	},
 	// pretty indents JSON; anything else is shown as it is (escaped by
 	// the template like every value).

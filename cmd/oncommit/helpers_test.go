@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,7 +178,7 @@ func (d db) seed(t *testing.T, ob *outbox.Outbox, msgs ...outbox.Message) []outb
 // until n messages are dead.
 func failAll(t *testing.T, ob *outbox.Outbox, pool *sql.DB, topic string, n int64) {
 	t.Helper()
-	r, err := ob.Relay(sqltx.FromDB(pool), outbox.RelayConfig{MaxAttempts: 1, PollInterval: 20 * time.Millisecond})
+	r, err := ob.Relay(sqltx.FromDB(pool), outbox.RelayConfig{MaxAttempts: 1, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

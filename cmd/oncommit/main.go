@@ -34,6 +34,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"golang.org/x/term"
 )
 
 // Exit codes.
@@ -150,8 +152,7 @@ func (c *cli) run(ctx context.Context, args []string) int {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	fi, err := os.Stdin.Stat()
-	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, terminal: err == nil && fi.Mode()&os.ModeCharDevice != 0}
+	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, terminal: term.IsTerminal(int(os.Stdin.Fd()))}
 	code := c.run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
