@@ -22,12 +22,25 @@ var inspectSQL = &sqlbuild.Inspect{
 	Text:     func(col string) string { return col + "::text" },
 }
 
+// ListSQL returns the listing of at most limit messages of table t
+// matching f, in id order, and its arguments: the statement behind
+// outbox.List and outbox.Get. States are literals, so that a listing of
+// dead messages matches the dead index's predicate.
+func ListSQL(t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) (string, []any) {
+	return inspectSQL.List(QuoteTable(t), f, limit, withPayload)
+}
+
+// CountSQL returns the count of the messages of table t matching f.
+func CountSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
+	return inspectSQL.Count(QuoteTable(t), f)
+}
+
 // List reads through the primary key in id order, or through the dead
 // index (migration 0006, id WHERE state = 'dead') when f selects dead
 // messages only: a page of dead messages costs a page of index entries
 // whatever the number of live or delivered rows.
 func (*dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) ([]outboxdriver.MessageInfo, error) {
-	q, args := inspectSQL.List(QuoteTable(t), f, limit, withPayload)
+	q, args := ListSQL(t, f, limit, withPayload)
 	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return nil, err
@@ -36,7 +49,7 @@ func (*dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Tab
 }
 
 func (*dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
-	q, args := inspectSQL.Count(QuoteTable(t), f)
+	q, args := CountSQL(t, f)
 	return count(ctx, db, q, args...)
 }
 

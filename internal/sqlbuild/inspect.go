@@ -142,7 +142,9 @@ func (s *Inspect) Columns(withPayload bool) string {
 func (s *Inspect) List(table string, f outboxdriver.Filter, limit int, withPayload bool) (string, []any) {
 	var args []any
 	where := s.Where(&args, f, "", true)
-	return "SELECT " + s.Columns(withPayload) + " FROM " + table + " WHERE " + where + " ORDER BY id LIMIT " + strconv.Itoa(limit), args
+	// The table's id, not the select list's id (text on PostgreSQL: a sort
+	// of every row instead of the primary key's order).
+	return "SELECT " + s.Columns(withPayload) + " FROM " + table + " WHERE " + where + " ORDER BY " + table + ".id LIMIT " + strconv.Itoa(limit), args
 }
 
 // Count builds the count of the rows matching f.
