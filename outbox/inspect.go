@@ -298,12 +298,15 @@ func checkFilter(f Filter) error {
 		}
 	}
 	for _, r := range []struct {
-		field    string
-		from, to time.Time
-	}{{"CreatedFrom", f.CreatedFrom, f.CreatedTo}, {"SettledFrom", f.SettledFrom, f.SettledTo}} {
-		for _, at := range []time.Time{r.from, r.to} {
-			if !at.IsZero() && (at.Year() < 1970 || at.Year() > 9999) {
-				return &FilterError{r.field, fmt.Sprintf("%s is outside the years 1970 to 9999", at.Format(time.RFC3339))}
+		field, toField string
+		from, to       time.Time
+	}{{"CreatedFrom", "CreatedTo", f.CreatedFrom, f.CreatedTo}, {"SettledFrom", "SettledTo", f.SettledFrom, f.SettledTo}} {
+		for _, at := range []struct {
+			field string
+			t     time.Time
+		}{{r.field, r.from}, {r.toField, r.to}} {
+			if !at.t.IsZero() && (at.t.Year() < 1970 || at.t.Year() > 9999) {
+				return &FilterError{at.field, fmt.Sprintf("%s is outside the years 1970 to 9999", at.t.Format(time.RFC3339))}
 			}
 		}
 		if !r.from.IsZero() && !r.to.IsZero() && !r.from.Before(r.to) {
