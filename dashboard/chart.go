@@ -24,6 +24,9 @@ func newChart(s []sample, now time.Time, every time.Duration) *chart {
 	for _, p := range s {
 		c.Max = max(c.Max, p.n)
 	}
+	if len(s) == 1 { // one point draws nothing: a short level line
+		s = []sample{{s[0].at.Add(-every), s[0].n}, s[0]}
+	}
 	top := max(c.Max, 1)
 	var b strings.Builder
 	for i, p := range s {
