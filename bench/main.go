@@ -25,6 +25,8 @@
 //     loop (the SQL cost without the relay's goroutines).
 //   - variants: the claim statement with narrower RETURNING lists or without
 //     its CASE expressions, each followed by the raw delete.
+//   - inspect: a page of 50 dead messages out of 1,000,000 rows through
+//     outbox.List, with its plan (inspect.go; docs/operations.md).
 //
 // The server comes from OUTBOX_TEST_POSTGRES_URL, else the local default.
 package main
@@ -129,6 +131,9 @@ func main() {
 	}
 	if *only == "obs" {
 		obsBench(ctx, pool)
+	}
+	if *only == "inspect" {
+		inspectBench(ctx, pool)
 	}
 	if *only == "variants" {
 		variants(ctx, pool)

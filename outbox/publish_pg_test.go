@@ -379,7 +379,7 @@ func TestMigrateConcurrent(t *testing.T) {
 		_ = rows.Scan(&s)
 		idx = append(idx, s)
 	}
-	if got := strings.Join(idx, ","); got != "oncommit_migrations_pkey,orders_outbox_dedup_idx,orders_outbox_key_seq_idx,orders_outbox_keys_pkey,orders_outbox_pkey,orders_outbox_settled_idx,orders_outbox_topic_claim_idx" {
+	if got := strings.Join(idx, ","); got != "oncommit_migrations_pkey,orders_outbox_dead_idx,orders_outbox_dedup_idx,orders_outbox_key_seq_idx,orders_outbox_keys_pkey,orders_outbox_pkey,orders_outbox_settled_idx,orders_outbox_topic_claim_idx" {
 		t.Errorf("indexes %s", got) // orders_outbox_keys_pkey: the keys table is in the outbox table's schema
 	}
 	if err := postgres.Migrate(context.Background(), db, "Bad-Name"); !errors.Is(err, outbox.ErrInvalidConfig) {

@@ -59,7 +59,7 @@ type env struct {
 
 // Run runs the suite.
 func Run(t *testing.T, h Harness) {
-	for _, tc := range []struct {
+	for _, tc := range append([]struct {
 		name string
 		f    func(t *testing.T, e *env)
 	}{
@@ -85,7 +85,7 @@ func Run(t *testing.T, h Harness) {
 		{"RelayStats", relayStats},
 		{"RetryAtClamped", retryAtClamped},
 		{"UnlimitedAttempts", unlimitedAttempts},
-	} {
+	}, inspectCases...) {
 		t.Run(tc.name, func(t *testing.T) {
 			if h.Parallel {
 				t.Parallel()

@@ -1,0 +1,612 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/oncommit/oncommit/dashboard"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// flagSet returns a flag set for command name with the global flags.
+func (c *cli) flagSet(name string, g *globals) *flag.FlagSet {
+	fs := flag.NewFlagSet("oncommit "+name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	g.register(fs)
+	return fs
+}
+
+// parse parses args, flags and arguments in any order.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageErr("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return rest, nil
+		}
+		rest = append(rest, args[0])
+		args = args[1:]
+	}
+}
+
+// filterFlags are the flags that build an outbox.Filter.
+type filterFlags struct {
+	state, topic, key, errText                   string
+	createdFrom, createdTo, settledFrom, settled string
+}
+
+func (f *filterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.state, "state", "", "states, comma-separated: pending, processing, dead, delivered")
+	fs.StringVar(&f.topic, "topic", "", "topic, exactly")
+	fs.StringVar(&f.key, "key", "", "message key, exactly")
+	fs.StringVar(&f.errText, "error", "", "text the last error contains (case-sensitive)")
+	fs.StringVar(&f.createdFrom, "created-from", "", "created at or after (RFC 3339 time, or a duration such as 1h: that long ago)")
+	fs.StringVar(&f.createdTo, "created-to", "", "created before (time or duration ago)")
+	fs.StringVar(&f.settledFrom, "settled-from", "", "settled (dead-lettered, delivered) at or after (time or duration ago)")
+	fs.StringVar(&f.settled, "settled-to", "", "settled before (time or duration ago)")
+}
+
+// when parses an RFC 3339 time, or a duration before now.
+func when(flagName, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, usageErr("--%s %q: want a time such as 2026-01-02T15:04:05Z or a duration such as 30m", flagName, s)
+	}
+	return t, nil
+}
+
+// filter builds the filter of the flags and the ids given as arguments.
+func (f *filterFlags) filter(ids []string) (outbox.Filter, error) {
+	out := outbox.Filter{Topic: f.topic, Key: f.key, ErrorContains: f.errText}
+	for _, s := range ids {
+		id, err := outbox.ParseID(s)
+		if err != nil {
+			return out, usageErr("%v", err)
+		}
+		out.IDs = append(out.IDs, id)
+	}
+	if f.state != "" {
+		for _, s := range strings.Split(f.state, ",") {
+			out.States = append(out.States, outbox.State(strings.TrimSpace(s)))
+		}
+	}
+	var err error
+	for _, c := range []struct {
+		name, s string
+		to      *time.Time
+	}{{"created-from", f.createdFrom, &out.CreatedFrom}, {"created-to", f.createdTo, &out.CreatedTo}, {"settled-from", f.settledFrom, &out.SettledFrom}, {"settled-to", f.settled, &out.SettledTo}} {
+		if *c.to, err = when(c.name, c.s); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// asUsage turns a filter the outbox package refused into a usage error.
+func asUsage(err error) error {
+	var fe *outbox.FilterError
+	if errors.As(err, &fe) {
+		return usageErr("%v", err)
+	}
+	return err
+}
+
+// connect parses the flags and opens the target.
+func connect(ctx context.Context, c *cli, name string, args []string, extra func(fs *flag.FlagSet)) (*target, *globals, []string, error) {
+	g := &globals{}
+	fs := c.flagSet(name, g)
+	if extra != nil {
+		extra(fs)
+	}
+	rest, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	t, err := open(ctx, g)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return t, g, rest, nil
+}
+
+func runMigrate(ctx context.Context, c *cli, args []string) error {
+	t, g, rest, err := connect(ctx, c, "migrate", args, nil)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if len(rest) != 1 {
+		return usageErr("want migrate up, migrate down or migrate status")
+	}
+	switch rest[0] {
+	case "up":
+		before, err := t.applied(ctx)
+		if err != nil {
+			return err
+		}
+		if err := t.migrateUp(ctx); err != nil {
+			return err
+		}
+		after, err := t.applied(ctx)
+		if err != nil {
+			return err
+		}
+		out := newOut(c.stdout, g.json, "applied", "")
+		migs, _, _, _ := t.migrationSet()
+		for _, m := range migs {
+			if after[m.Version] && !before[m.Version] {
+				out.row(map[string]any{"version": m.Version, "name": m.Name, "applied": true}, fmt.Sprintf("%04d_%s", m.Version, m.Name), "")
+			}
+		}
+		return out.flush()
+	case "down":
+		m, err := t.migrateDown(ctx)
+		if err != nil {
+			return err
+		}
+		out := newOut(c.stdout, g.json, "reverted", "")
+		out.row(map[string]any{"version": m.Version, "name": m.Name, "applied": false}, fmt.Sprintf("%04d_%s", m.Version, m.Name), "")
+		return out.flush()
+	case "status":
+		migs, _, _, err := t.migrationSet()
+		if err != nil {
+			return err
+		}
+		done, err := t.applied(ctx)
+		if err != nil {
+			return err
+		}
+		out := newOut(c.stdout, g.json, "MIGRATION", "APPLIED")
+		for _, m := range migs {
+			out.row(map[string]any{"version": m.Version, "name": m.Name, "applied": done[m.Version]}, fmt.Sprintf("%04d_%s", m.Version, m.Name), yesNo(done[m.Version]))
+		}
+		return out.flush()
+	}
+	return usageErr("want migrate up, migrate down or migrate status, not %q", rest[0])
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func age(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func writeStats(w io.Writer, asJSON bool, st []outbox.TopicStats) error {
+	out := newOut(w, asJSON, "TOPIC", "PENDING", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE")
+	for _, s := range st {
+		out.row(map[string]any{"topic": s.Topic, "pending": s.Pending, "processing": s.Processing, "dead": s.Dead, "delivered": s.Delivered, "oldest_due_seconds": s.OldestPending.Seconds()},
+			s.Topic, s.Pending, s.Processing, s.Dead, s.Delivered, age(s.OldestPending))
+	}
+	return out.flush()
+}
+
+func runStats(ctx context.Context, c *cli, args []string) error {
+	t, g, rest, err := connect(ctx, c, "stats", args, nil)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if len(rest) > 0 {
+		return usageErr("stats takes no arguments")
+	}
+	st, err := t.ob.Stats(ctx, t.odb)
+	if err != nil {
+		return err
+	}
+	return writeStats(c.stdout, g.json, st)
+}
+
+func runWatch(ctx context.Context, c *cli, args []string) error {
+	var every time.Duration
+	var times int
+	t, g, _, err := connect(ctx, c, "watch", args, func(fs *flag.FlagSet) {
+		fs.DurationVar(&every, "interval", time.Second, "refresh interval")
+		fs.IntVar(&times, "count", 0, "stop after this many refreshes (0: until interrupted)")
+	})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	for i := 0; times == 0 || i < times; i++ {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(every):
+			}
+		}
+		st, err := t.ob.Stats(ctx, t.odb)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if !g.json {
+			fmt.Fprintf(c.stdout, "\033[H\033[2J%s  %s  every %v\n\n", time.Now().Format(time.TimeOnly), t.table, every)
+		}
+		if err := writeStats(c.stdout, g.json, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func messageJSON(m outbox.MessageInfo) map[string]any {
+	o := map[string]any{"id": m.ID.String(), "topic": m.Topic, "key": m.Key, "state": m.State, "attempt": m.Attempts - m.AttemptsBase,
+		"attempts": m.Attempts, "created_at": m.CreatedAt, "available_at": m.AvailableAt, "last_error": m.LastError}
+	if !m.SettledAt.IsZero() {
+		o["settled_at"] = m.SettledAt
+	}
+	if m.DedupKey != "" {
+		o["dedup_key"] = m.DedupKey
+	}
+	if m.Payload != nil {
+		o["payload"] = json.RawMessage(m.Payload)
+	}
+	if m.Headers != nil {
+		o["headers"] = json.RawMessage(m.Headers)
+	}
+	return o
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func runList(ctx context.Context, c *cli, args []string) error {
+	var ff filterFlags
+	var limit int
+	var after string
+	var all bool
+	t, g, rest, err := connect(ctx, c, "list", args, func(fs *flag.FlagSet) {
+		ff.register(fs)
+		fs.IntVar(&limit, "limit", outbox.DefaultPageSize, "messages per page (at most 1000)")
+		fs.StringVar(&after, "after", "", "list messages after this id (the cursor printed after a page)")
+		fs.BoolVar(&all, "all", false, "every page, not only the first")
+	})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	f, err := ff.filter(rest)
+	if err != nil {
+		return err
+	}
+	if after != "" {
+		if f.After, err = outbox.ParseID(after); err != nil {
+			return usageErr("--after: %v", err)
+		}
+	}
+	out := newOut(c.stdout, g.json, "ID", "TOPIC", "KEY", "STATE", "ATTEMPT", "CREATED", "LAST ERROR")
+	n := 0
+	for {
+		p, err := t.ob.List(ctx, t.odb, f, limit)
+		if err != nil {
+			return asUsage(err)
+		}
+		for _, m := range p.Messages {
+			n++
+			out.row(messageJSON(m), m.ID, m.Topic, m.Key, m.State, m.Attempts-m.AttemptsBase, m.CreatedAt.UTC().Format("2006-01-02 15:04:05"), oneLine(m.LastError, 60))
+		}
+		if p.Next.IsZero() {
+			break
+		}
+		if !all {
+			if err := out.flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.stderr, "more: --after %s\n", p.Next)
+			return nil
+		}
+		f.After = p.Next
+	}
+	if err := out.flush(); err != nil {
+		return err
+	}
+	if n == 0 {
+		return errNothing
+	}
+	return nil
+}
+
+func runShow(ctx context.Context, c *cli, args []string) error {
+	t, g, rest, err := connect(ctx, c, "show", args, nil)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if len(rest) != 1 {
+		return usageErr("want show ID")
+	}
+	id, err := outbox.ParseID(rest[0])
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	m, err := t.ob.Get(ctx, t.odb, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return fmt.Errorf("%w: no message %s", errNothing, id)
+	}
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return json.NewEncoder(c.stdout).Encode(messageJSON(m))
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	settled := "never"
+	if !m.SettledAt.IsZero() {
+		settled = m.SettledAt.UTC().Format(time.RFC3339Nano)
+	}
+	for _, kv := range [][2]string{
+		{"id", m.ID.String()}, {"topic", m.Topic}, {"key", m.Key}, {"state", string(m.State)},
+		{"attempt", fmt.Sprintf("%d (%d claims in all)", m.Attempts-m.AttemptsBase, m.Attempts)},
+		{"created", m.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available", m.AvailableAt.UTC().Format(time.RFC3339Nano)},
+		{"settled", settled}, {"dedup key", m.DedupKey}, {"last error", m.LastError},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "headers:\n%s\npayload:\n%s\n", pretty(m.Headers), pretty(m.Payload))
+	return nil
+}
+
+func pretty(b []byte) string {
+	if b == nil {
+		return "  (none)"
+	}
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return "  " + string(b)
+	}
+	p, _ := json.MarshalIndent(v, "  ", "  ")
+	return "  " + string(p)
+}
+
+var actionsByName = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": outbox.ActRetry, "delete": outbox.ActDelete}
+
+// sourceStates narrows f's states to those action a changes, for a dry
+// run's count.
+func sourceStates(a outbox.Action, f outbox.Filter) outbox.Filter {
+	var from []outbox.State
+	switch a {
+	case outbox.ActRedrive:
+		from = []outbox.State{outbox.StateDead}
+	case outbox.ActRetry:
+		from = []outbox.State{outbox.StatePending}
+	default:
+		from = []outbox.State{outbox.StatePending, outbox.StateDead, outbox.StateDelivered}
+	}
+	if len(f.States) == 0 {
+		f.States = from
+		return f
+	}
+	var both []outbox.State
+	for _, s := range f.States {
+		for _, x := range from {
+			if s == x {
+				both = append(both, s)
+			}
+		}
+	}
+	if len(both) == 0 {
+		both = []outbox.State{"none"} // nothing: refused below as a bad state
+	}
+	f.States = both
+	return f
+}
+
+// confirm asks on the terminal; without one, --yes is required.
+func (c *cli) confirm(question string, yes bool) error {
+	if yes {
+		return nil
+	}
+	if !c.terminal {
+		return usageErr("%s: not confirmed; pass --yes (no terminal to ask on) or --dry-run", question)
+	}
+	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
+	line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+	if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+		return fmt.Errorf("not confirmed")
+	}
+	return nil
+}
+
+func runAct(name string) func(ctx context.Context, c *cli, args []string) error {
+	return func(ctx context.Context, c *cli, args []string) error {
+		var ff filterFlags
+		var yes, dry bool
+		var actor string
+		t, g, rest, err := connect(ctx, c, name, args, func(fs *flag.FlagSet) {
+			ff.register(fs)
+			fs.BoolVar(&yes, "yes", false, "do not ask for confirmation")
+			fs.BoolVar(&dry, "dry-run", false, "print what would change, change nothing")
+			fs.StringVar(&actor, "actor", "cli", "who acts, for the log line")
+		})
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		a := actionsByName[name]
+		f, err := ff.filter(rest)
+		if err != nil {
+			return err
+		}
+		// The count says how many messages the action would change now
+		// (for retry: pending ones, due or not).
+		src := sourceStates(a, f)
+		n := int64(0)
+		if src.States[0] != "none" {
+			if n, err = t.ob.Count(ctx, t.odb, src); err != nil {
+				return asUsage(err)
+			}
+		}
+		what := outbox.FilterString(f)
+		if dry {
+			out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
+			out.row(map[string]any{"action": name, "filter": what, "dry_run": true, "would_change": n}, name, what, n)
+			return out.flush()
+		}
+		if err := c.confirm(fmt.Sprintf("%s %d message(s) matching %s?", name, n, what), yes); err != nil {
+			return err
+		}
+		log := slog.New(slog.NewTextHandler(c.stderr, nil))
+		changed, err := t.ob.Act(ctx, t.odb, a, f, &outbox.ActOptions{Actor: actor, Logger: log})
+		if err != nil {
+			return asUsage(err)
+		}
+		out := newOut(c.stdout, g.json, "ACTION", "FILTER", "CHANGED")
+		out.row(map[string]any{"action": name, "filter": what, "changed": changed}, name, what, changed)
+		if err := out.flush(); err != nil {
+			return err
+		}
+		if changed == 0 {
+			return errNothing
+		}
+		return nil
+	}
+}
+
+func runPurge(ctx context.Context, c *cli, args []string) error {
+	var olderThan time.Duration
+	var states string
+	var yes, dry bool
+	t, g, rest, err := connect(ctx, c, "purge", args, func(fs *flag.FlagSet) {
+		fs.DurationVar(&olderThan, "older-than", 7*24*time.Hour, "keep messages settled more recently")
+		fs.StringVar(&states, "states", "dead,delivered", "terminal states to purge")
+		fs.BoolVar(&yes, "yes", false, "do not ask for confirmation")
+		fs.BoolVar(&dry, "dry-run", false, "print how many would be deleted, delete nothing")
+	})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if len(rest) > 0 {
+		return usageErr("purge takes no arguments")
+	}
+	var ss []outbox.State
+	for _, s := range strings.Split(states, ",") {
+		ss = append(ss, outbox.State(strings.TrimSpace(s)))
+	}
+	f := outbox.Filter{States: ss, SettledTo: time.Now().Add(-olderThan)}
+	n, err := t.ob.Count(ctx, t.odb, f)
+	if err != nil {
+		return asUsage(err)
+	}
+	what := fmt.Sprintf("state=%s settled more than %v ago", states, olderThan)
+	if dry {
+		out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
+		out.row(map[string]any{"action": "purge", "filter": what, "dry_run": true, "would_change": n}, "purge", what, n)
+		return out.flush()
+	}
+	if err := c.confirm(fmt.Sprintf("purge %d message(s), %s?", n, what), yes); err != nil {
+		return err
+	}
+	deleted, err := t.ob.Purge(ctx, t.odb, outbox.PurgeOptions{States: ss, OlderThan: olderThan})
+	if err != nil {
+		var ce *outbox.ConfigError
+		if errors.As(err, &ce) {
+			return usageErr("%v", err)
+		}
+		return err
+	}
+	out := newOut(c.stdout, g.json, "ACTION", "FILTER", "CHANGED")
+	out.row(map[string]any{"action": "purge", "filter": what, "changed": deleted}, "purge", what, deleted)
+	if err := out.flush(); err != nil {
+		return err
+	}
+	if deleted == 0 {
+		return errNothing
+	}
+	return nil
+}
+
+func runServe(ctx context.Context, c *cli, args []string) error {
+	var addr, title string
+	var actions bool
+	t, _, rest, err := connect(ctx, c, "serve", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&addr, "addr", "127.0.0.1:8080", "listen address (the dashboard has no authentication of its own: keep it on localhost or behind a proxy that has)")
+		fs.BoolVar(&actions, "actions", false, "enable the redrive, retry and delete buttons")
+		fs.StringVar(&title, "title", "", "page title (default: Outbox)")
+	})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if len(rest) > 0 {
+		return usageErr("serve takes no arguments")
+	}
+	log := slog.New(slog.NewTextHandler(c.stderr, nil))
+	dash, err := dashboard.New(dashboard.Config{Outbox: t.ob, DB: t.odb, Actions: actions, Logger: log, Title: title,
+		Actor: func(r *http.Request) string { return "dashboard " + r.RemoteAddr }})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", dash)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(c.stderr, "oncommit: dashboard of %s on http://%s/ (%s)\n", t.table, ln.Addr(), map[bool]string{true: "actions enabled", false: "read-only"}[actions])
+	go func() {
+		tick := time.NewTicker(dashboard.DefaultSampleEvery)
+		defer tick.Stop()
+		for {
+			_ = dash.Sample(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package postgres
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/oncommit/oncommit/internal/sqlbuild"
+	"github.com/oncommit/oncommit/outboxdriver"
+)
+
+// inspectSQL builds the inspection statements with bind parameters $1...
+var inspectSQL = &sqlbuild.Inspect{
+	Now: "now()",
+	Bind: func(args *[]any, v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	},
+	Topic:    func(col, p string) string { return col + " = " + p },
+	Contains: func(col, p string) string { return "strpos(" + col + ", " + p + "::text) > 0" },
+	Time:     func(p string) string { return "to_timestamp(" + p + "::bigint / 1000000.0)" },
+	Micros:   func(col string) string { return "(extract(epoch FROM " + col + ") * 1000000)::bigint" },
+	Text:     func(col string) string { return col + "::text" },
+}
+
+// ListSQL returns the listing of at most limit messages of table t
+// matching f, in id order, and its arguments: the statement behind
+// outbox.List and outbox.Get. States are literals, so that a listing of
+// dead messages matches the dead index's predicate.
+func ListSQL(t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) (string, []any) {
+	return inspectSQL.List(QuoteTable(t), f, limit, withPayload)
+}
+
+// CountSQL returns the count of the messages of table t matching f.
+func CountSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
+	return inspectSQL.Count(QuoteTable(t), f)
+}
+
+// List reads through the primary key in id order, or through the dead
+// index (migration 0006, id WHERE state = 'dead') when f selects dead
+// messages only: a page of dead messages costs a page of index entries
+// whatever the number of live or delivered rows.
+func (*dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) ([]outboxdriver.MessageInfo, error) {
+	q, args := ListSQL(t, f, limit, withPayload)
+	rows, err := db.QueryDB(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return sqlbuild.ScanMessages(rows)
+}
+
+func (*dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
+	q, args := CountSQL(t, f)
+	return count(ctx, db, q, args...)
+}
+
+// ActSQL returns one batch of action a on the rows of table t matching f:
+// it locks at most sqlbuild.InspectBatch of them still in a's source state
+// (FOR UPDATE SKIP LOCKED: a row a relay or another operator holds is left
+// for a later batch), changes those, re-checking the source state, and
+// returns how many it changed. The array of ids is built once, so a batch
+// never exceeds its limit whatever the plan.
+func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
+	tbl := QuoteTable(t)
+	var args []any
+	where := inspectSQL.Where(&args, f, "", false)
+	act := inspectSQL.ActWhere(a, "")
+	pick := `id = ANY (ARRAY(SELECT id FROM ` + tbl + ` WHERE ` + where + ` AND ` + act +
+		` ORDER BY id LIMIT ` + strconv.Itoa(sqlbuild.InspectBatch) + ` FOR UPDATE SKIP LOCKED)) AND ` + act
+	if a == outboxdriver.ActDelete {
+		return `WITH a AS (DELETE FROM ` + tbl + ` WHERE ` + pick + ` RETURNING 1) SELECT count(*) FROM a`, args
+	}
+	return `WITH a AS (UPDATE ` + tbl + ` SET ` + inspectSQL.ActSet(a, "") + ` WHERE ` + pick + ` RETURNING 1) SELECT count(*) FROM a`, args
+}
+
+func (*dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
+	q, args := ActSQL(t, a, f)
+	return sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
+		return count(ctx, db, q, args...)
+	})
+}
