@@ -50,7 +50,7 @@ func (*dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Tab
 
 func (*dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
 	q, args := CountSQL(t, f)
-	return count(ctx, db, q, args...)
+	return sqlbuild.CountRows(ctx, db, q, args...)
 }
 
 // ActSQL returns one batch of action a on the rows of table t matching f:
@@ -75,6 +75,6 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 func (*dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
 	q, args := ActSQL(t, a, f)
 	return sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
-		return count(ctx, db, q, args...)
+		return sqlbuild.CountRows(ctx, db, q, args...)
 	})
 }

@@ -534,7 +534,7 @@ ORDER BY message_key FOR UPDATE`, topic)
 		if err != nil {
 			return err
 		}
-		n, err = count(ctx, tx, RedriveOrderedSQL(t), topic)
+		n, err = sqlbuild.CountRows(ctx, tx, RedriveOrderedSQL(t), topic)
 		return err
 	})
 	return n, err

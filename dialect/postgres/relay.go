@@ -475,25 +475,9 @@ func (d *dialect) Renew(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	return sqlbuild.Fences(ctx, db, d.texts.renew.Get(t), ids, attempts, lease.Seconds())
 }
 
-// count runs a statement returning one integer.
-func count(ctx context.Context, db outboxdriver.DB, q string, args ...any) (int64, error) {
-	rows, err := db.QueryDB(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	var n int64
-	for rows.Next() {
-		if err := rows.Scan(&n); err != nil {
-			return 0, err
-		}
-	}
-	return n, rows.Err()
-}
-
 func (*dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	// attempts stays: (id, attempts) fences one claim and must never repeat.
-	return count(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
+	return sqlbuild.CountRows(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
     WHERE state = 'dead' AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`, topic)
 }
 
@@ -545,7 +529,7 @@ func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	ss := sqlbuild.TerminalStates(states)
 	q, key, list := d.texts.purge.Get(t), purgeKey(t, ss), textArray(ss)
 	return sqlbuild.Batches(ctx, sqlbuild.PurgeBatch, func() (int64, error) {
-		return count(ctx, db, q, list, olderThan.Seconds(), sqlbuild.PurgeBatch, key)
+		return sqlbuild.CountRows(ctx, db, q, list, olderThan.Seconds(), sqlbuild.PurgeBatch, key)
 	})
 }
 
