@@ -235,7 +235,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	case <-drained:
 		grace.Stop()
 	case <-grace.C:
-		r.log.Warn("outbox: shutdown grace period over; cancelling running handlers", "grace", r.cfg.ShutdownGrace)
+		r.log.Warn("outbox: shutdown grace period over; cancelling running handlers", "grace", r.cfg.ShutdownGrace, "count", r.inflightCount())
 		r.cancelHandlers()
 		// Give cancelled handlers a moment to return and report.
 		select {

@@ -238,9 +238,11 @@ func createTables(ctx context.Context, c *Conn) error {
 		return fmt.Errorf("create business table: %w", err)
 	}
 	// kind: S when a handler starts, F when it finishes; proc: the serial
-	// of the process that ran it (-1 for the healing relay).
+	// of the process that ran it (-1 for the healing relay); at_ns: when,
+	// on the handler's clock (Unix ns: the processes share the machine's
+	// clock, which the parent reads to time its kills).
 	if _, err := c.ledger().ExecContext(ctx, `CREATE TABLE `+c.Ledger+` (id VARCHAR(64) NOT NULL, bkey VARCHAR(64) NOT NULL,
-		attempt INT NOT NULL, kind CHAR(1) NOT NULL, proc INT NOT NULL, at TIMESTAMP DEFAULT CURRENT_TIMESTAMP)`); err != nil {
+		attempt INT NOT NULL, kind CHAR(1) NOT NULL, proc INT NOT NULL, at_ns BIGINT NOT NULL)`); err != nil {
 		return fmt.Errorf("create ledger table: %w", err)
 	}
 	return nil

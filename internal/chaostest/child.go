@@ -108,13 +108,14 @@ func handler(c *Conn, proc int, work time.Duration, rng *rand.Rand) outbox.Handl
 }
 
 // recorder returns the function that records a delivery's step (kind) in
-// ledger (id, bkey, attempt, kind, proc), retried until it succeeds or ctx
+// ledger (id, bkey, attempt, kind, proc, at_ns), retried until it succeeds or ctx
 // ends.
 func recorder(c *Conn, ledger string, proc int) func(ctx context.Context, d outbox.Delivery, kind string) error {
-	q := c.q(`INSERT INTO ` + ledger + ` (id, bkey, attempt, kind, proc) VALUES (?, ?, ?, ?, ?)`)
+	q := c.q(`INSERT INTO ` + ledger + ` (id, bkey, attempt, kind, proc, at_ns) VALUES (?, ?, ?, ?, ?, ?)`)
 	return func(ctx context.Context, d outbox.Delivery, kind string) error {
+		at := time.Now().UnixNano()
 		for {
-			_, err := c.ledger().ExecContext(ctx, q, d.ID.String(), d.Key, d.Attempt, kind, proc)
+			_, err := c.ledger().ExecContext(ctx, q, d.ID.String(), d.Key, d.Attempt, kind, proc, at)
 			if err == nil || ctx.Err() != nil {
 				return err
 			}

@@ -211,7 +211,7 @@ func createOrderedTables(ctx context.Context, c *Conn, keys []string) error {
 		}
 	}
 	if _, err := c.ledger().ExecContext(ctx, `CREATE TABLE `+tb.ledger+` (n bigserial PRIMARY KEY, id text NOT NULL, bkey text NOT NULL,
-		attempt integer NOT NULL, kind char(1) NOT NULL, proc integer NOT NULL)`); err != nil {
+		attempt integer NOT NULL, kind char(1) NOT NULL, proc integer NOT NULL, at_ns bigint NOT NULL)`); err != nil {
 		return err
 	}
 	_, err := c.SQL.ExecContext(ctx, c.q(`INSERT INTO `+tb.agg+` (k, version) SELECT unnest(?::text[]), 0`), "{"+strings.Join(keys, ",")+"}")

@@ -89,9 +89,17 @@ type parent struct {
 	serial  int
 	exits   chan *child
 
-	killedRelays map[int]bool // serials of relay processes killed
-	relayErrors  atomic.Int64 // ERROR lines logged by relays
-	errSample    atomic.Value // one of them
+	killedRelays map[int]bool  // serials of relay processes killed
+	killedAt     map[int]int64 // when they were (Unix ns, just before the SIGKILL)
+	relayErrors  atomic.Int64  // ERROR lines logged by relays
+	errSample    atomic.Value  // one of them
+	warnMu       sync.Mutex
+	warns        map[string]int // WARN lines logged by relays, by message
+	// redeliveries: what the relays' WARN lines say they caused (lost
+	// leases, fenced-off settles, dropped outcomes, handlers cancelled at
+	// shutdown), as counted by the lines (a line without count is one).
+	redeliveries int
+	warnSample   []string // the first few of them, with their process
 	pubErrors    atomic.Int64
 	pubErrSample atomic.Value
 	txs          atomic.Int64 // transactions seen committed
@@ -107,6 +115,9 @@ func (p *parent) start(role string, idx int) *child {
 		if strings.Contains(s, "level=ERROR") {
 			p.relayErrors.Add(1)
 			p.errSample.CompareAndSwap(nil, s)
+		}
+		if strings.Contains(s, "level=WARN") {
+			p.warned(role, c.serial, s)
 		}
 		if role != "publisher" {
 			return false
@@ -159,6 +170,52 @@ func (p *parent) start(role string, idx int) *child {
 	return c
 }
 
+// warned counts a WARN line of a child's log (line), by its msg field, and
+// keeps the first few, for the report.
+func (p *parent) warned(role string, serial int, line string) {
+	msg := line
+	if i := strings.Index(line, "msg="); i >= 0 {
+		msg = line[i+len("msg="):]
+		if j := strings.Index(msg, `" `); j >= 0 && strings.HasPrefix(msg, `"`) {
+			msg = msg[1:j]
+		} else if j := strings.IndexByte(msg, ' '); j >= 0 {
+			msg = msg[:j]
+		}
+	}
+	p.warnMu.Lock()
+	defer p.warnMu.Unlock()
+	if p.warns == nil {
+		p.warns = map[string]int{}
+	}
+	p.warns[msg]++
+	if redelivers(msg) {
+		n := 1
+		if i := strings.Index(line, " count="); i >= 0 {
+			f := strings.Fields(line[i+len(" count="):])
+			if len(f) > 0 {
+				if k, err := strconv.Atoi(f[0]); err == nil {
+					n = k
+				}
+			}
+		}
+		p.redeliveries += n
+	}
+	if len(p.warnSample) < 10 {
+		p.warnSample = append(p.warnSample, fmt.Sprintf("%s %d: %s", role, serial, line))
+	}
+}
+
+// redelivers reports whether a relay's WARN message (msg) tells of
+// messages that will be delivered again though no process died.
+func redelivers(msg string) bool {
+	for _, m := range []string{"lease lost", "settles fenced off", "outcomes dropped", "shutdown grace period over"} {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
 // kill SIGKILLs c and waits for it.
 func (p *parent) kill(c *child) {
 	c.killed.Store(true)
@@ -204,7 +261,7 @@ func run(t *testing.T, b Backend, o Options) *Report {
 	}
 	p := &parent{t: t, b: b, o: o, target: string(tj), pattern: runPattern(t),
 		rng: rand.New(rand.NewPCG(o.Seed, 0)), exits: make(chan *child, 4096),
-		killedRelays: map[int]bool{}, pubState: make([]atomic.Int32, o.Publishers)}
+		killedRelays: map[int]bool{}, killedAt: map[int]int64{}, pubState: make([]atomic.Int32, o.Publishers)}
 	rep := &Report{Name: o.Name, Dialect: b.Dialect.Name(), Seed: o.Seed, Relays: o.Relays, Publishers: o.Publishers,
 		DurationS: o.Duration.Seconds(), LeaseS: b.Lease.Seconds(), Mode: o.Mode}
 
@@ -242,6 +299,7 @@ loop:
 			end.Reset(100 * time.Millisecond)
 		case <-relayKill.C:
 			i := p.rng.IntN(len(relays))
+			p.killedAt[relays[i].serial] = time.Now().UnixNano()
 			p.kill(relays[i])
 			p.killedRelays[relays[i].serial] = true
 			rep.RelayKills++
@@ -309,13 +367,22 @@ loop:
 	rep.Transactions = int(p.txs.Load())
 	rep.RelayErrors = int(p.relayErrors.Load())
 	rep.PublishErrors = int(p.pubErrors.Load())
+	p.warnMu.Lock()
+	rep.RelayWarnings, rep.WarnSample, rep.Reported = p.warns, p.warnSample, p.redeliveries
+	p.warnMu.Unlock()
 	if s, ok := p.errSample.Load().(string); ok {
 		t.Logf("%d ERROR lines from relays, e.g. %s", rep.RelayErrors, s)
 	}
 	if s, ok := p.pubErrSample.Load().(string); ok {
 		t.Logf("%d failed publisher transactions, e.g. %s", rep.PublishErrors, s)
 	}
-	if err := classify(ctx, c, p.killedRelays, rep); err != nil {
+	stopped := map[int]bool{}
+	for _, r := range relays {
+		if !r.killed.Load() {
+			stopped[r.serial] = true
+		}
+	}
+	if err := classify(ctx, c, p.killedAt, stopped, rep); err != nil {
 		t.Fatal(err)
 	}
 	return rep
