@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
@@ -99,6 +100,8 @@ type Telemetry struct {
 	cfg    Config
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
+	// defaultProp: prop is the default (W3C trace context and baggage).
+	defaultProp bool
 
 	sent, consumed, dead, retried, leases, fenced, listenerDown metric.Int64Counter
 	processDur, opDur                                           metric.Float64Histogram
@@ -139,15 +142,19 @@ func New(cfg Config) (*Telemetry, error) {
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
-	if cfg.Propagator == nil {
+	defaultProp := cfg.Propagator == nil
+	if defaultProp {
 		cfg.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	t := &Telemetry{
 		cfg:    cfg,
 		tracer: cfg.TracerProvider.Tracer(ScopeName),
 		prop:   cfg.Propagator,
-		attrs:  map[attrKey]*measureOpts{},
-		starts: map[string]*processStart{},
+		// With the default propagator, HandlerStart tells from the
+		// headers' names what it must read.
+		defaultProp: defaultProp,
+		attrs:       map[attrKey]*measureOpts{},
+		starts:      map[string]*processStart{},
 	}
 	m := cfg.MeterProvider.Meter(ScopeName)
 	var errs []error
@@ -317,18 +324,71 @@ func (t *Telemetry) PublishEnd(ctx context.Context, e outbox.PublishEvent) {
 // Config.ProcessAsChild), and counts the delivery. The handler's context
 // carries the span and the message's baggage. It implements
 // [outbox.RelayObserver].
+//
+// A process span starts a trace of its own (unless ProcessAsChild), so the
+// sampler decides it from the topic's attributes alone; the message id,
+// the attempt and the link to the creation span are added only to spans
+// that record. An unsampled delivery pays for one span start, not for
+// reading its trace context.
 func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context.Context {
 	ps := t.processStart(d.Topic)
-	opts := make([]trace.SpanStartOption, len(ps.opts), len(ps.opts)+3)
+	if t.cfg.ProcessAsChild {
+		return t.childStart(ctx, d, ps)
+	}
+	var remote context.Context // the headers' context, once read
+	opts := ps.opts
+	if len(d.Headers) > 0 {
+		if t.defaultProp {
+			if _, ok := d.Headers[headerTraceparent]; ok {
+				opts = ps.root
+			}
+		} else if remote = t.extract(d.Headers); trace.SpanContextFromContext(remote).IsValid() {
+			opts = ps.root
+		}
+	}
+	ctx, span := t.tracer.Start(ctx, ps.name, opts...)
+	if span.IsRecording() {
+		span.SetAttributes(KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt))
+		if remote == nil && len(d.Headers) > 0 {
+			remote = t.extract(d.Headers)
+		}
+		if remote != nil {
+			if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+				span.AddLink(trace.Link{SpanContext: sc})
+			}
+		}
+	}
+	if remote == nil && !t.defaultProp && len(d.Headers) > 0 {
+		remote = t.extract(d.Headers)
+	} else if remote == nil && t.defaultProp {
+		if _, ok := d.Headers[headerBaggage]; ok {
+			remote = t.extract(d.Headers)
+		}
+	}
+	if remote != nil {
+		if b := baggage.FromContext(remote); b.Len() > 0 {
+			ctx = baggage.ContextWithBaggage(ctx, b)
+		}
+	}
+	t.consumed.Add(ctx, 1, ps.consumed.add...)
+	return ctx
+}
+
+// extract reads the propagated context of a message's headers.
+func (t *Telemetry) extract(h map[string]string) context.Context {
+	return t.prop.Extract(context.Background(), propagation.MapCarrier(h))
+}
+
+// childStart is HandlerStart with Config.ProcessAsChild: the process span
+// is a child of the creation span, so the headers are read first.
+func (t *Telemetry) childStart(ctx context.Context, d outbox.Delivery, ps *processStart) context.Context {
+	opts := make([]trace.SpanStartOption, len(ps.opts), len(ps.opts)+2)
 	copy(opts, ps.opts)
 	opts = append(opts, trace.WithAttributes(KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt)))
 	if len(d.Headers) > 0 {
 		ctx = t.prop.Extract(ctx, propagation.MapCarrier(d.Headers))
 		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-			if !t.cfg.ProcessAsChild {
-				opts = append(opts, trace.WithNewRoot())
-			}
 		}
 	}
 	ctx, _ = t.tracer.Start(ctx, ps.name, opts...)
@@ -336,11 +396,18 @@ func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context
 	return ctx
 }
 
+// The default propagator's headers.
+const (
+	headerTraceparent = "traceparent"
+	headerBaggage     = "baggage"
+)
+
 // processStart is what every process span of a topic starts with, and
 // the attributes of its consumed count: made once per topic.
 type processStart struct {
 	name     string
-	opts     []trace.SpanStartOption
+	opts     []trace.SpanStartOption // kind and the topic's attributes
+	root     []trace.SpanStartOption // opts and a new root
 	consumed *measureOpts
 }
 
@@ -358,6 +425,7 @@ func (t *Telemetry) processStart(topic string) *processStart {
 			KeyOperationType.String(operationProcess))},
 		consumed: t.opts(attrKey{topic: topic, op: operationProcess}),
 	}
+	ps.root = append(ps.opts[:len(ps.opts):len(ps.opts)], trace.WithNewRoot())
 	t.mu.Lock()
 	t.starts[topic] = ps
 	t.mu.Unlock()
