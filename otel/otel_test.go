@@ -465,7 +465,7 @@ func TestMetricsAndErrorSpans(t *testing.T) {
 }
 
 // TestQueueGauges: against a seeded table, one of three replicas measures
-// (the advisory lock elects it), and its gauges hold the pending,
+// (the advisory lock elects it), and its gauges hold the pending, due,
 // processing, dead counts and the oldest due age per topic; when it stops,
 // another takes over.
 func TestQueueGauges(t *testing.T) {
@@ -535,6 +535,8 @@ func TestQueueGauges(t *testing.T) {
 	}
 	want := map[string]float64{
 		"messaging.destination.name=a,oncommit.state=pending":    3,
+		"messaging.destination.name=a,oncommit.state=due":        2,
+		"messaging.destination.name=b,oncommit.state=due":        0,
 		"messaging.destination.name=a,oncommit.state=processing": 1,
 		"messaging.destination.name=a,oncommit.state=dead":       1,
 		"messaging.destination.name=a,oncommit.state=delivered":  0,

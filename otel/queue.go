@@ -56,7 +56,7 @@ type queueState struct {
 func (q *queueState) init(t *Telemetry, m metric.Meter) error {
 	var err1, err2 error
 	q.messages, err1 = m.Int64ObservableGauge(MetricQueueMessages, metric.WithUnit("{message}"),
-		metric.WithDescription("Messages in the outbox table by state: pending (due or scheduled), processing, dead, delivered (when kept)."))
+		metric.WithDescription("Messages in the outbox table by state: pending (due or scheduled), due (the pending ones due now), processing, dead, delivered (when kept)."))
 	q.oldest, err2 = m.Float64ObservableGauge(MetricQueueOldestAge, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest due pending message: how late delivery runs."))
 	if err := errors.Join(err1, err2); err != nil {
@@ -79,7 +79,7 @@ func (q *queueState) observe(_ context.Context, o metric.Observer) error {
 		for _, st := range []struct {
 			state string
 			n     int64
-		}{{"pending", s.Pending}, {"processing", s.Processing}, {"dead", s.Dead}, {"delivered", s.Delivered}} {
+		}{{"pending", s.Pending}, {"due", s.Due}, {"processing", s.Processing}, {"dead", s.Dead}, {"delivered", s.Delivered}} {
 			o.ObserveInt64(q.messages, st.n, metric.WithAttributes(append(base, KeyState.String(st.state))...))
 		}
 		o.ObserveFloat64(q.oldest, s.OldestPending.Seconds(), metric.WithAttributes(base...))

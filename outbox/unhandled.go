@@ -57,7 +57,7 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	for _, s := range ts {
 		seen[s.Topic] = true
 		_, ok := slices.BinarySearch(handled, s.Topic)
-		if !ok && s.OldestPending > 0 {
+		if !ok && s.Due > 0 {
 			rs.Unhandled = append(rs.Unhandled, s.Topic)
 		}
 		if !ok && s.HeldKeys > 0 {

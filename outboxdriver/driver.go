@@ -317,6 +317,10 @@ type TopicStats struct {
 	Processing int64
 	Delivered  int64
 	Dead       int64
+	// Due are the pending messages that are due now (on the database
+	// clock): Pending less those scheduled for later (a Delay, a retry's
+	// backoff, a RetryAt).
+	Due int64
 	// OldestPending is the age of the oldest pending message that is due,
 	// on the database clock; zero when none is.
 	OldestPending time.Duration

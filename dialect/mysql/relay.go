@@ -756,6 +756,7 @@ func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
 	// Grouped by the topic's bytes: utf8mb4_bin would merge "t" and "t ".
 	return sqlbuild.Stats(ctx, db, `SELECT `+topicIs+`,
     SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
+    SUM(state = 'pending' AND available_at <= `+now+`),
     COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), `+now+`), 0)
 FROM `+QuoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs, time.Microsecond)
 }

@@ -539,6 +539,7 @@ func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
     count(*) FILTER (WHERE state = 'processing'),
     count(*) FILTER (WHERE state = 'delivered'),
     count(*) FILTER (WHERE state = 'dead'),
+    count(*) FILTER (WHERE state = 'pending' AND available_at <= now()),
     COALESCE((EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())) * 1000000)::bigint, 0)
 FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Microsecond)
 }

@@ -336,6 +336,7 @@ func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
 	return sqlbuild.Stats(ctx, db, `SELECT topic,
     sum(state = 'pending'), sum(state = 'processing'), sum(state = 'delivered'), sum(state = 'dead'),
+    sum(state = 'pending' AND available_at <= `+now+`),
     coalesce(`+now+` - min(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), 0)
 FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Millisecond)
 }

@@ -498,6 +498,9 @@ func stats(t *testing.T, e *env) {
 	if a.Pending != 1 || a.Processing != 1 || a.Delivered != 0 || a.Dead != 0 || b.Pending != 1 {
 		t.Errorf("counts %+v %+v", a, b)
 	}
+	if a.Due != 1 || b.Due != 0 {
+		t.Errorf("due: a %d (want 1), b %d (want 0: not due for an hour)", a.Due, b.Due)
+	}
 	if a.OldestPending < 100*time.Millisecond || a.OldestPending > time.Minute {
 		t.Errorf("oldest due pending of a: %v, want about 150ms", a.OldestPending)
 	}

@@ -60,8 +60,8 @@ func Successes(fs []outboxdriver.Fence) []outboxdriver.Settlement {
 }
 
 // Stats runs a per-topic statistics query whose rows are (topic, pending,
-// processing, delivered, dead, age of the oldest due pending message as an
-// integer number of unit).
+// processing, delivered, dead, due (pending and due now), age of the
+// oldest due pending message as an integer number of unit).
 func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration) ([]outboxdriver.TopicStats, error) {
 	rows, err := db.QueryDB(ctx, q)
 	if err != nil {
@@ -72,7 +72,7 @@ func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration
 	for rows.Next() {
 		var s outboxdriver.TopicStats
 		var age int64
-		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &age); err != nil {
+		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &s.Due, &age); err != nil {
 			return nil, err
 		}
 		s.OldestPending = time.Duration(age) * unit
