@@ -32,6 +32,10 @@ const (
 	ActRetry = outboxdriver.ActRetry
 	// ActDelete deletes messages in any state but processing.
 	ActDelete = outboxdriver.ActDelete
+	// ActSkip skips dead messages that halt their key (an Outbox with
+	// Config.OrderByKey, HaltKey policy), as [Outbox.SkipHead] does: each
+	// stays dead and its key flows again.
+	ActSkip = outboxdriver.ActSkip
 )
 
 // Page sizes of [Outbox.List].
@@ -177,7 +181,12 @@ func (o *Outbox) Get(ctx context.Context, db DB, id ID) (MessageInfo, error) {
 //   - [ActRedrive]: dead -> pending, due now, with RelayConfig.MaxAttempts
 //     fresh attempts (as [Outbox.Redrive]);
 //   - [ActRetry]: pending but not yet due -> due now;
-//   - [ActDelete]: deleted, unless processing.
+//   - [ActDelete]: deleted, unless processing;
+//   - [ActSkip]: dead messages that halt their key are skipped, each as
+//     [Outbox.SkipHead] does it and only while it is still its key's
+//     head, one short transaction per key; other messages are left alone.
+//     It needs Config.OrderByKey ([ErrUnsupported] otherwise, and on the
+//     dialects without ordered delivery).
 //
 // It works in batches of at most a few thousand messages, each one short
 // statement (or transaction) that commits on its own, until none is left or
@@ -190,7 +199,7 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 	if err != nil {
 		return 0, err
 	}
-	if a != ActRedrive && a != ActRetry && a != ActDelete {
+	if a != ActRedrive && a != ActRetry && a != ActDelete && a != ActSkip {
 		return 0, &FilterError{"Action", fmt.Sprintf("%d is not an action", int(a))}
 	}
 	if err := checkFilter(f); err != nil {
@@ -211,8 +220,10 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 		log = slog.Default()
 	}
 	start := time.Now()
-	n, err := in.Act(ctx, db, o.table, a, f)
-	if err != nil {
+	var n int64
+	if a == ActSkip {
+		n, err = o.skipHeads(ctx, db, f)
+	} else if n, err = in.Act(ctx, db, o.table, a, f); err != nil {
 		err = wrapOp(ctx, a.String(), o.d.Classify(err))
 	}
 	attrs := []any{"action", a.String(), "actor", ao.Actor, "table", o.table.String(), "filter", FilterString(f), "changed", n, "took", time.Since(start)}

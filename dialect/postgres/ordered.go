@@ -541,15 +541,16 @@ ORDER BY message_key FOR UPDATE`, topic)
 }
 
 // SkipHeadSQL returns the skip of key $1's head dead under Halt (after
-// the key is locked): the message stays dead (settled now, so Purge may
-// delete it from now on), the key is no longer halted and no longer counts
-// it, and its first blocked message becomes pending.
-// It returns the skipped message's id, no row when there was none.
+// the key is locked), when $2 is '' or that head's id: the message stays
+// dead (settled now, so Purge may delete it from now on), the key is no
+// longer halted and no longer counts it, and its first blocked message
+// becomes pending. It returns the skipped message's id, no row when there
+// was none.
 func SkipHeadSQL(t outboxdriver.Table) string {
 	tbl, keys := QuoteTable(t), keysTable(t)
 	return `WITH h AS MATERIALIZED (
     SELECT o.id FROM ` + keys + ` ks JOIN ` + tbl + ` o ON o.message_key = ks.message_key AND o.key_seq = ks.halted_seq
-    WHERE ks.message_key = $1 AND o.state = 'dead'),
+    WHERE ks.message_key = $1 AND o.state = 'dead' AND ($2 = '' OR o.id::text = $2)),
 nxt AS MATERIALIZED (
     SELECT o.id FROM ` + tbl + ` o
     WHERE o.message_key = $1 AND o.key_seq IS NOT NULL AND o.state = 'blocked' AND EXISTS (SELECT 1 FROM h)
@@ -560,14 +561,18 @@ kk AS (UPDATE ` + keys + ` SET live = live - 1, halted_seq = NULL WHERE message_
 SELECT id::text FROM h`
 }
 
-func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, key string) (outboxdriver.ID, bool, error) {
+func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, key string, head outboxdriver.ID) (outboxdriver.ID, bool, error) {
+	want := ""
+	if !head.IsZero() {
+		want = head.String()
+	}
 	var id outboxdriver.ID
 	var ok bool
 	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
 		if err := exec(ctx, tx, lockKeys(t), textArray([]string{key})); err != nil {
 			return err
 		}
-		rows, err := tx.QueryDB(ctx, SkipHeadSQL(t), key)
+		rows, err := tx.QueryDB(ctx, SkipHeadSQL(t), key, want)
 		if err != nil {
 			return err
 		}
