@@ -541,7 +541,7 @@ ORDER BY message_key FOR UPDATE`, topic)
 }
 
 // SkipHeadSQL returns the skip of key $1's head dead under Halt (after
-// the key is locked), when $2 is ” or that head's id: the message stays
+// the key is locked), when $2 is empty or that head's id: the message stays
 // dead (settled now, so Purge may delete it from now on), the key is no
 // longer halted and no longer counts it, and its first blocked message
 // becomes pending. It returns the skipped message's id, no row when there
