@@ -188,6 +188,12 @@ func (o *Outbox) Get(ctx context.Context, db DB, id ID) (MessageInfo, error) {
 //     It needs Config.OrderByKey ([ErrUnsupported] otherwise, and on the
 //     dialects without ordered delivery).
 //
+// Ordered messages (Config.OrderByKey) keep their keys' order through
+// every action: on PostgreSQL a redrive re-enters dead ordered messages in
+// their keys, as [Outbox.Redrive] does (a halted head first), and a delete
+// leaves a key's pending, blocked and halted messages alone (the key would
+// wait forever for them); skip or redrive a halted head instead.
+//
 // It works in batches of at most a few thousand messages, each one short
 // statement (or transaction) that commits on its own, until none is left or
 // ctx ends: interrupted, it returns the messages changed so far with the

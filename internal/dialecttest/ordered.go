@@ -32,6 +32,7 @@ var orderedCases = []envCase{
 	{"OrderedRetryBlocksOnlyItsKey", orderedRetryBlocksOnlyItsKey},
 	{"OrderedHaltRedriveSkip", orderedHaltRedriveSkip},
 	{"OrderedSkipAction", orderedSkipAction},
+	{"OrderedRedriveDeleteActions", orderedRedriveDeleteActions},
 	{"OrderedContinue", orderedContinue},
 	{"OrderedStats", orderedStats},
 	{"OrderedSettleWaitsForPublisher", orderedSettleWaitsForPublisher},
@@ -768,5 +769,56 @@ func orderedSkipAction(t *testing.T, e *env) {
 	// Skipped, it halts nothing: a second skip finds nothing.
 	if n, err := e.ob.Act(ctx, e.DB, outbox.ActSkip, outbox.Filter{IDs: []outbox.ID{res[2].ID}}, opts); err != nil || n != 0 {
 		t.Errorf("second skip: %d %v, want 0", n, err)
+	}
+}
+
+// orderedRedriveDeleteActions: Outbox.Act's redrive and delete keep the
+// keys' order: a delete never takes a halted head or a blocked message
+// (the key would wait forever), a redrive by filter re-enters dead ordered
+// messages in their keys (a halted head first), and the keys flow again
+// afterwards (new messages of each key are pending at once).
+func orderedRedriveDeleteActions(t *testing.T, e *env) {
+	var healed atomic.Bool
+	rec := newOrderedRecorder(t, func(d outbox.Delivery) error {
+		if strings.Contains(string(d.Payload), "1") && !healed.Load() {
+			return outbox.DeadLetter(errors.New("poison"))
+		}
+		return nil
+	})
+	stop := e.relay(t, outbox.RelayConfig{DeadKeysByTopic: map[string]outbox.DeadKeyPolicy{"c": outbox.ContinueKey}},
+		map[string]outbox.Handler{"x": rec.handler, "c": rec.handler})
+	var msgs []outbox.Message
+	for i := range 3 {
+		msgs = append(msgs, outbox.Message{Topic: "x", Key: "H", Payload: fmt.Appendf(nil, `{"n": %d}`, i)},
+			outbox.Message{Topic: "c", Key: "C", Payload: fmt.Appendf(nil, `{"n": %d}`, i)},
+			outbox.Message{Topic: "c", Key: "E", Payload: fmt.Appendf(nil, `{"n": %d}`, i)})
+	}
+	res := e.publish(t, msgs...)
+	waitFor(t, "H halted, C and E through", func() bool {
+		return e.count(t, "state = 'dead'") == 3 && len(rec.successes("C")) == 2 && len(rec.successes("E")) == 2
+	})
+	ctx := context.Background()
+	opts := actOpts(t)
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActDelete, outbox.Filter{Key: "H"}, opts); err != nil || n != 0 {
+		t.Errorf("delete of key H (a halted head, a blocked message): %d %v, want 0", n, err)
+	}
+	if got := e.states(t, res[3].ID, res[6].ID); got != "dead blocked" {
+		t.Fatalf("H after the delete: %q, want dead blocked", got)
+	}
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActDelete, outbox.Filter{Key: "C", States: []outbox.State{outbox.StateDead}}, opts); err != nil || n != 1 {
+		t.Errorf("delete of C's dead message (ContinueKey, halts nothing): %d %v, want 1", n, err)
+	}
+	healed.Store(true)
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, outbox.Filter{States: []outbox.State{outbox.StateDead}}, opts); err != nil || n != 2 {
+		t.Fatalf("redrive of the dead: %d %v, want 2 (H's head, E's)", n, err)
+	}
+	waitFor(t, "all delivered", func() bool { return e.count(t, "") == 0 })
+	if got := normalize(rec.successes("H")); !slices.Equal(got, seqPayloads(3)) {
+		t.Errorf("H delivered %v after the redrive", got)
+	}
+	stop()
+	next := e.publish(t, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "c", Key: "C"}, outbox.Message{Topic: "c", Key: "E"})
+	if got := e.states(t, resIDs(next)...); got != "pending pending pending" {
+		t.Errorf("new messages of H, C, E: %q, want pending pending pending (the keys' counts are off)", got)
 	}
 }
