@@ -337,6 +337,17 @@ type orderedRecorder struct {
 	fail     func(d outbox.Delivery) error
 }
 
+// poisonRecorder records deliveries and dead-letters every message whose
+// payload contains a 1 until healed is set.
+func poisonRecorder(t *testing.T, healed *atomic.Bool) *orderedRecorder {
+	return newOrderedRecorder(t, func(d outbox.Delivery) error {
+		if strings.Contains(string(d.Payload), "1") && !healed.Load() {
+			return outbox.DeadLetter(errors.New("poison"))
+		}
+		return nil
+	})
+}
+
 func newOrderedRecorder(t *testing.T, fail func(d outbox.Delivery) error) *orderedRecorder {
 	return &orderedRecorder{t: t, inflight: map[string]int{}, log: map[string][]delivery{}, fail: fail}
 }
@@ -454,12 +465,7 @@ func orderedRetryBlocksOnlyItsKey(t *testing.T, e *env) {
 // place, then the rest.
 func orderedHaltRedriveSkip(t *testing.T, e *env) {
 	var healed atomic.Bool
-	rec := newOrderedRecorder(t, func(d outbox.Delivery) error {
-		if strings.Contains(string(d.Payload), "1") && !healed.Load() {
-			return outbox.DeadLetter(errors.New("poison"))
-		}
-		return nil
-	})
+	rec := poisonRecorder(t, &healed)
 	stop := e.relay(t, outbox.RelayConfig{}, map[string]outbox.Handler{"x": rec.handler})
 	var msgs []outbox.Message
 	for i := range 3 {
@@ -715,12 +721,7 @@ func orderedHotKeyWakes(t *testing.T, e *env) {
 // dashboard's skip) skips only dead messages that halt their key, fenced
 // by the message's id, and logs who skipped what and how many.
 func orderedSkipAction(t *testing.T, e *env) {
-	rec := newOrderedRecorder(t, func(d outbox.Delivery) error {
-		if strings.Contains(string(d.Payload), "1") {
-			return outbox.DeadLetter(errors.New("poison"))
-		}
-		return nil
-	})
+	rec := poisonRecorder(t, new(atomic.Bool))
 	stop := e.relay(t, outbox.RelayConfig{DeadKeysByTopic: map[string]outbox.DeadKeyPolicy{"c": outbox.ContinueKey}},
 		map[string]outbox.Handler{"x": rec.handler, "c": rec.handler})
 	defer stop()
@@ -779,12 +780,7 @@ func orderedSkipAction(t *testing.T, e *env) {
 // afterwards (new messages of each key are pending at once).
 func orderedRedriveDeleteActions(t *testing.T, e *env) {
 	var healed atomic.Bool
-	rec := newOrderedRecorder(t, func(d outbox.Delivery) error {
-		if strings.Contains(string(d.Payload), "1") && !healed.Load() {
-			return outbox.DeadLetter(errors.New("poison"))
-		}
-		return nil
-	})
+	rec := poisonRecorder(t, &healed)
 	stop := e.relay(t, outbox.RelayConfig{DeadKeysByTopic: map[string]outbox.DeadKeyPolicy{"c": outbox.ContinueKey}},
 		map[string]outbox.Handler{"x": rec.handler, "c": rec.handler})
 	var msgs []outbox.Message
