@@ -581,7 +581,7 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return asUsage(err)
 	}
-	what := fmt.Sprintf("state=%s settled more than %v ago", states, olderThan)
+	what := outbox.PurgeString(ss, olderThan)
 	if dry {
 		out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
 		out.row(map[string]any{"action": "purge", "filter": what, "dry_run": true, "would_change": n}, "purge", what, n)
@@ -590,15 +590,8 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if err := c.confirm(fmt.Sprintf("purge %d message(s), %s?", n, what), yes); err != nil {
 		return err
 	}
-	start := time.Now()
-	deleted, err := t.ob.Purge(ctx, t.odb, outbox.PurgeOptions{States: ss, OlderThan: olderThan})
-	// The same line as Outbox.Act logs for the other actions.
-	attrs := []any{"action", "purge", "actor", actor, "table", t.table.String(), "filter", what, "changed", deleted, "took", time.Since(start)}
-	if err != nil {
-		c.actionLog().ErrorContext(ctx, "outbox: operator action failed", append(attrs, "error", err)...)
-	} else {
-		c.actionLog().InfoContext(ctx, "outbox: operator action", attrs...)
-	}
+	deleted, err := t.ob.Purge(ctx, t.odb, outbox.PurgeOptions{States: ss, OlderThan: olderThan,
+		Operator: &outbox.ActOptions{Actor: actor, Logger: c.actionLog()}})
 	if err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {

@@ -100,16 +100,27 @@ func (*dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Tabl
 	return n + m, err
 }
 
+// DeadOrderedSQL returns the first statement of a redrive batch of Act:
+// the ids and keys of up to sqlbuild.InspectBatch dead ordered messages
+// of table t matching f, in id order (through an index: the dead index,
+// or the key index when few messages are ordered).
+func DeadOrderedSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
+	var args []any
+	tbl := QuoteTable(t)
+	where := inspectSQL.Where(&args, f, "", false)
+	// ORDER BY the table's id, not the select list's (text: a sort).
+	return `SELECT id::text, message_key FROM ` + tbl + ` WHERE ` + where +
+		` AND state = 'dead' AND key_seq IS NOT NULL ORDER BY ` + tbl + `.id LIMIT ` + strconv.Itoa(sqlbuild.InspectBatch), args
+}
+
 // redriveOrderedBatch redrives up to sqlbuild.InspectBatch dead ordered
 // messages matching f, in id order, as RedriveOrdered does for a topic:
 // in one transaction that locks their keys (waiting for open publishes of
 // those keys) and re-checks that each is still dead. It sends one SELECT
 // and no transaction when no dead ordered message matches.
 func redriveOrderedBatch(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
-	var args []any
-	where := inspectSQL.Where(&args, f, "", false)
-	rows, err := db.QueryDB(ctx, `SELECT id::text, message_key FROM `+QuoteTable(t)+` WHERE `+where+
-		` AND state = 'dead' AND key_seq IS NOT NULL ORDER BY id LIMIT `+strconv.Itoa(sqlbuild.InspectBatch), args...)
+	q, args := DeadOrderedSQL(t, f)
+	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return 0, err
 	}
