@@ -2,8 +2,8 @@
 // topic counts with the age of the oldest due message, a chart of the queue
 // depth over the last hour, lists of messages by state, topic, key, error
 // text and time, each message's payload, headers and last error, and,
-// when the service enables them, buttons that redrive, retry or delete
-// messages.
+// when the service enables them, buttons that redrive, retry, delete,
+// skip (the dead head of an ordered key) and purge messages.
 //
 // It is an [http.Handler] a service mounts behind its own authentication:
 //
@@ -54,11 +54,12 @@ type Config struct {
 	Outbox *outbox.Outbox
 	// DB is the pool the dashboard reads (and acts) through.
 	DB outbox.DB
-	// Actions enables the redrive, retry and delete buttons. Defaults to
-	// false: read-only, and every POST is refused.
+	// Actions enables the redrive, retry, delete, skip and purge buttons.
+	// Defaults to false: read-only, and every POST is refused.
 	Actions bool
 	// Actor returns who makes a request, for the log line of each action
-	// (see outbox.ActOptions). Defaults to "dashboard".
+	// (see outbox.ActOptions): the user the service's authentication
+	// found, say. Defaults to a function returning "dashboard".
 	Actor func(*http.Request) string
 	// Logger receives the actions' log lines. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -183,6 +184,7 @@ type page struct {
 	BulkActions, MsgActions                 []string
 	M                                       outbox.MessageInfo
 	Action, What, Back                      string
+	PurgeAges                               []string
 }
 
 // base is the path the handler is mounted at: the request's path without
@@ -232,6 +234,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	h.record(st)
 	p := h.newPage(r)
 	p.Stats = st
+	p.PurgeAges = purgeAges
 	h.mu.Lock()
 	p.Chart = newChart(h.depth, time.Now(), h.cfg.SampleEvery)
 	h.mu.Unlock()
@@ -372,6 +375,12 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request) {
 	switch m.State {
 	case outbox.StateDead:
 		p.MsgActions = []string{"redrive", "delete"}
+		if halts(h.cfg.Outbox, m) {
+			// A halted head: skip it (the key goes on) or redrive it;
+			// deleting it would leave its key waiting forever, and
+			// Outbox.Act refuses to.
+			p.MsgActions = []string{"skip", "redrive"}
+		}
 	case outbox.StatePending:
 		p.MsgActions = []string{"retry", "delete"}
 	case outbox.StateDelivered:
@@ -380,7 +389,57 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "message", p)
 }
 
-var actions = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": outbox.ActRetry, "delete": outbox.ActDelete}
+// halts reports whether m, dead, is the head that halts its key: ordered
+// delivery under HaltKey leaves such a head dead with no settled time
+// (every other dead message has one).
+func halts(ob *outbox.Outbox, m outbox.MessageInfo) bool {
+	return ob.OrdersByKey() && m.State == outbox.StateDead && m.Key != "" && m.SettledAt.IsZero()
+}
+
+var actions = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": outbox.ActRetry, "delete": outbox.ActDelete, "skip": outbox.ActSkip}
+
+// purgeAges are the choices of the stats page's purge form.
+var purgeAges = []string{"1h", "24h", "168h", "720h"}
+
+// purgeStates are the states the purge form offers.
+var purgeStates = map[string][]outbox.State{
+	"dead,delivered": {outbox.StateDead, outbox.StateDelivered},
+	"dead":           {outbox.StateDead},
+	"delivered":      {outbox.StateDelivered},
+}
+
+// purge runs the stats page's purge form: a confirmation page with how
+// many messages it would delete, then the purge, logged with the actor.
+func (h *Handler) purge(w http.ResponseWriter, r *http.Request) {
+	age, states := r.PostForm.Get("older_than"), r.PostForm.Get("purge_states")
+	ss, ok := purgeStates[states]
+	if !ok || !slices.Contains(purgeAges, age) {
+		http.Error(w, "dashboard: purge: unknown age or states", http.StatusBadRequest)
+		return
+	}
+	older, _ := time.ParseDuration(age)
+	ctx := r.Context()
+	what := outbox.PurgeString(ss, older)
+	if r.PostForm.Get("confirm") != "yes" {
+		n, err := h.cfg.Outbox.Count(ctx, h.cfg.DB, outbox.Filter{States: ss, SettledTo: time.Now().Add(-older)})
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		p := h.newPage(r)
+		p.Action, p.Count, p.What, p.Back = "purge", n, what, base(r)+"/"
+		p.Q = map[string]string{"older_than": age, "purge_states": states}
+		h.render(w, http.StatusOK, "confirm", p)
+		return
+	}
+	n, err := h.cfg.Outbox.Purge(ctx, h.cfg.DB, outbox.PurgeOptions{States: ss, OlderThan: older,
+		Operator: &outbox.ActOptions{Actor: h.cfg.Actor(r), Logger: h.cfg.Logger}})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	http.Redirect(w, r, base(r)+"/?notice="+url.QueryEscape(fmt.Sprintf("purge: %d message(s) deleted", n)), http.StatusSeeOther)
+}
 
 // act runs an action posted by a form of the dashboard: the first post
 // shows a confirmation page, the second (confirm=yes) acts and redirects
@@ -395,6 +454,10 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PostForm.Get("action")
+	if name == "purge" {
+		h.purge(w, r)
+		return
+	}
 	a, ok := actions[name]
 	if !ok {
 		http.Error(w, "dashboard: unknown action", http.StatusBadRequest)

@@ -32,6 +32,10 @@ const (
 	ActRetry = outboxdriver.ActRetry
 	// ActDelete deletes messages in any state but processing.
 	ActDelete = outboxdriver.ActDelete
+	// ActSkip skips dead messages that halt their key (an Outbox with
+	// Config.OrderByKey, HaltKey policy), as [Outbox.SkipHead] does: each
+	// stays dead and its key flows again.
+	ActSkip = outboxdriver.ActSkip
 )
 
 // Page sizes of [Outbox.List].
@@ -80,14 +84,20 @@ type Page struct {
 	Next ID
 }
 
-// ActOptions say who runs [Outbox.Act] and where it is logged.
+// ActOptions say who runs [Outbox.Act] (or an operator's [Outbox.Purge],
+// see PurgeOptions.Operator) and where it is logged. The log line is the
+// audit record of operators' actions: message "outbox: operator action"
+// at level Info ("outbox: operator action failed" at level Error, with an
+// "error" attribute), with the attributes action (redrive, retry, delete,
+// skip, purge), actor, table, filter (as [FilterString] writes it),
+// changed (how many messages changed, so far when it failed) and took. A
+// service that keeps an audit trail elsewhere gives a Logger whose
+// handler writes there.
 type ActOptions struct {
-	// Actor names who asks (an operator's name, "cli", "dashboard"), for
-	// the log line. Defaults to "".
+	// Actor names who asks (an operator's name, "cli:alice",
+	// "dashboard"), for the log line. Defaults to "".
 	Actor string
-	// Logger receives one line per action: the action, the actor, the
-	// filter, how many messages changed and the error. Defaults to
-	// slog.Default().
+	// Logger receives one line per call. Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -177,7 +187,18 @@ func (o *Outbox) Get(ctx context.Context, db DB, id ID) (MessageInfo, error) {
 //   - [ActRedrive]: dead -> pending, due now, with RelayConfig.MaxAttempts
 //     fresh attempts (as [Outbox.Redrive]);
 //   - [ActRetry]: pending but not yet due -> due now;
-//   - [ActDelete]: deleted, unless processing.
+//   - [ActDelete]: deleted, unless processing;
+//   - [ActSkip]: dead messages that halt their key are skipped, each as
+//     [Outbox.SkipHead] does it and only while it is still its key's
+//     head, one short transaction per key; other messages are left alone.
+//     It needs Config.OrderByKey ([ErrUnsupported] otherwise, and on the
+//     dialects without ordered delivery).
+//
+// Ordered messages (Config.OrderByKey) keep their keys' order through
+// every action: on PostgreSQL a redrive re-enters dead ordered messages in
+// their keys, as [Outbox.Redrive] does (a halted head first), and a delete
+// leaves a key's pending, blocked and halted messages alone (the key would
+// wait forever for them); skip or redrive a halted head instead.
 //
 // It works in batches of at most a few thousand messages, each one short
 // statement (or transaction) that commits on its own, until none is left or
@@ -190,7 +211,7 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 	if err != nil {
 		return 0, err
 	}
-	if a != ActRedrive && a != ActRetry && a != ActDelete {
+	if a != ActRedrive && a != ActRetry && a != ActDelete && a != ActSkip {
 		return 0, &FilterError{"Action", fmt.Sprintf("%d is not an action", int(a))}
 	}
 	if err := checkFilter(f); err != nil {
@@ -202,6 +223,19 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 	if filterEmpty(f) {
 		return 0, &FilterError{"Filter", "selects every message; name the states, topic, ids... to act on"}
 	}
+	start := time.Now()
+	var n int64
+	if a == ActSkip {
+		n, err = o.skipHeads(ctx, db, f)
+	} else if n, err = in.Act(ctx, db, o.table, a, f); err != nil {
+		err = wrapOp(ctx, a.String(), o.d.Classify(err))
+	}
+	o.logAction(ctx, opts, a.String(), FilterString(f), n, start, err)
+	return n, err
+}
+
+// logAction logs the line of an operator's action (see [ActOptions]).
+func (o *Outbox) logAction(ctx context.Context, opts *ActOptions, action, what string, n int64, start time.Time, err error) {
 	var ao ActOptions
 	if opts != nil {
 		ao = *opts
@@ -210,18 +244,12 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 	if log == nil {
 		log = slog.Default()
 	}
-	start := time.Now()
-	n, err := in.Act(ctx, db, o.table, a, f)
-	if err != nil {
-		err = wrapOp(ctx, a.String(), o.d.Classify(err))
-	}
-	attrs := []any{"action", a.String(), "actor", ao.Actor, "table", o.table.String(), "filter", FilterString(f), "changed", n, "took", time.Since(start)}
+	attrs := []any{"action", action, "actor", ao.Actor, "table", o.table.String(), "filter", what, "changed", n, "took", time.Since(start)}
 	if err != nil {
 		log.ErrorContext(ctx, "outbox: operator action failed", append(attrs, "error", err)...)
 	} else {
 		log.InfoContext(ctx, "outbox: operator action", attrs...)
 	}
-	return n, err
 }
 
 func filterEmpty(f Filter) bool {

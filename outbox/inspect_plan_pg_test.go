@@ -53,6 +53,8 @@ func TestInspectPlansUseIndexes(t *testing.T) {
 		{"delete ids", act(outbox.ActDelete, outbox.Filter{IDs: []outbox.ID{id, outbox.NewID()}}), "outbox_pkey"},
 		{"delete dead", act(outbox.ActDelete, outbox.Filter{States: dead}), "outbox_dead_idx"},
 		{"retry a topic", act(outbox.ActRetry, outbox.Filter{Topic: "t1"}), "outbox_topic_claim_idx"},
+		{"redrive of ordered dead messages, their pick", plan(postgres.DeadOrderedSQL(tbl, outbox.Filter{Topic: "t1"})), ""},
+		{"count of a purge (its confirmation)", count(outbox.Filter{States: []outbox.State{outbox.StateDead, outbox.StateDelivered}, SettledTo: time.Now().Add(-7 * 24 * time.Hour)}), "outbox_settled_idx"},
 	} {
 		if strings.Contains(c.plan, "Seq Scan on outbox") {
 			t.Errorf("%s plan scans the table:\n%s", c.name, c.plan)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -16,6 +17,11 @@ type PurgeOptions struct {
 	// OlderThan keeps messages settled more recently than this. Defaults to 0:
 	// every message in those states.
 	OlderThan time.Duration
+	// Operator, when not nil, makes this an operator's purge: it is logged
+	// with its actor and count as [Outbox.Act] logs an action (see
+	// [ActOptions]). Defaults to nil: not logged (a service's scheduled
+	// purge).
+	Operator *ActOptions
 }
 
 func (o *Outbox) relayDialect() (outboxdriver.RelayDialect, error) {
@@ -54,11 +60,29 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 			return 0, &ConfigError{Field: "States", Reason: fmt.Sprintf("%q is not a terminal state (dead, delivered)", s)}
 		}
 	}
+	start := time.Now()
 	n, err := rd.Purge(ctx, db, o.table, states, opts.OlderThan)
 	if err != nil {
-		return n, wrapOp(ctx, "purge", err)
+		err = wrapOp(ctx, "purge", err)
 	}
-	return n, nil
+	if opts.Operator != nil {
+		o.logAction(ctx, opts.Operator, "purge", PurgeString(states, opts.OlderThan), n, start, err)
+	}
+	return n, err
+}
+
+// PurgeString returns what a purge of states settled more than olderThan
+// ago deletes, in the form of [FilterString], for logs and confirmations:
+// `state=dead,delivered settled<168h0m0s ago`.
+func PurgeString(states []State, olderThan time.Duration) string {
+	if len(states) == 0 {
+		states = []State{StateDead, StateDelivered}
+	}
+	ss := make([]string, len(states))
+	for i, s := range states {
+		ss[i] = string(s)
+	}
+	return "state=" + strings.Join(ss, ",") + " settled<" + olderThan.String() + " ago"
 }
 
 // Redrive makes dead messages pending again, due now, each with

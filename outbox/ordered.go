@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -338,6 +339,11 @@ func (r *Relay) checkOrdered(ctx context.Context) error {
 
 // orderedDialect returns the ordered dialect of an Outbox with OrderByKey,
 // nil for one without.
+// OrdersByKey reports whether o was built with Config.OrderByKey: whether
+// its messages with a Key are delivered in order, and dead ones can halt
+// their keys (see [ActSkip]).
+func (o *Outbox) OrdersByKey() bool { return o.cfg.OrderByKey }
+
 func (o *Outbox) orderedDialect() outboxdriver.OrderedDialect {
 	if !o.cfg.OrderByKey {
 		return nil
@@ -390,9 +396,51 @@ func (o *Outbox) SkipHead(ctx context.Context, db DB, key string) (id ID, ok boo
 	if err := checkText(0, "Key", key, MaxKeyBytes, true); err != nil {
 		return ID{}, false, err
 	}
-	id, ok, err = od.SkipHead(ctx, db, o.table, key)
+	id, ok, err = od.SkipHead(ctx, db, o.table, key, ID{})
 	if err != nil {
 		return ID{}, false, wrapOp(ctx, "skip head", o.d.Classify(err))
 	}
 	return id, ok, nil
+}
+
+// skipHeads is [Outbox.Act] with [ActSkip]: it pages through the dead
+// messages matching f (in id order) and skips each one that is its key's
+// halted head, one short transaction per key, fenced by the message's id
+// (a key whose head changed meanwhile is left as it is). Interrupted, it
+// returns the messages skipped so far.
+func (o *Outbox) skipHeads(ctx context.Context, db DB, f Filter) (int64, error) {
+	od := o.orderedDialect()
+	if od == nil {
+		if _, ok := o.d.(outboxdriver.OrderedDialect); !ok {
+			return 0, fmt.Errorf("%w: the %s dialect cannot order messages by key, so no key is halted and there is nothing to skip", ErrUnsupported, o.d.Name())
+		}
+		return 0, fmt.Errorf("%w: skip needs an Outbox with Config.OrderByKey", ErrUnsupported)
+	}
+	if len(f.States) > 0 && !slices.Contains(f.States, StateDead) {
+		return 0, nil // only dead messages halt keys
+	}
+	f.States = []State{StateDead}
+	var n int64
+	for {
+		p, err := o.List(ctx, db, f, MaxPageSize)
+		if err != nil {
+			return n, err
+		}
+		for _, m := range p.Messages {
+			if m.Key == "" || !m.SettledAt.IsZero() {
+				continue // unordered, or dead without halting its key (see SettleRunsSQL)
+			}
+			_, ok, err := od.SkipHead(ctx, db, o.table, m.Key, m.ID)
+			if err != nil {
+				return n, wrapOp(ctx, "skip", o.d.Classify(err))
+			}
+			if ok {
+				n++
+			}
+		}
+		if p.Next.IsZero() {
+			return n, nil
+		}
+		f.After = p.Next
+	}
 }

@@ -48,11 +48,18 @@ const (
 	// ActDelete deletes a message in any state but processing (a message
 	// a handler is running is never deleted under it).
 	ActDelete
+	// ActSkip skips dead messages that halt their key (ordered delivery,
+	// HaltKey): each stays dead and its key's next message becomes the
+	// head. It is never passed to [Inspector.Act]: the outbox package
+	// runs it through [OrderedDialect.SkipHead], one key at a time.
+	ActSkip
 )
 
-// String returns "redrive", "retry" or "delete".
+// String returns "redrive", "retry", "delete" or "skip".
 func (a Action) String() string {
 	switch a {
+	case ActSkip:
+		return "skip"
 	case ActRedrive:
 		return "redrive"
 	case ActRetry:

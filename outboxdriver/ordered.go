@@ -81,11 +81,13 @@ type OrderedDialect interface {
 	// key without a head becomes pending), never all at once.
 	RedriveOrdered(ctx context.Context, db DB, t Table, topic string) (int64, error)
 
-	// SkipHead skips the head of key when it is dead under Halt: the
-	// message stays dead (a later redrive re-enters it at its place), the
-	// key's next message becomes its head. It returns the skipped
-	// message's id, or ok false when the key has no dead head.
-	SkipHead(ctx context.Context, db DB, t Table, key string) (id ID, ok bool, err error)
+	// SkipHead skips the head of key when it is dead under Halt and, when
+	// head is not the zero ID, is that message (a fence: an operator who
+	// read the head skips it and no other): the message stays dead (a
+	// later redrive re-enters it at its place), the key's next message
+	// becomes its head. It returns the skipped message's id, or ok false
+	// when the key has no such dead head.
+	SkipHead(ctx context.Context, db DB, t Table, key string, head ID) (id ID, ok bool, err error)
 
 	// StatsOrdered is Stats with the fields of ordered delivery filled.
 	StatsOrdered(ctx context.Context, db DB, t Table) ([]TopicStats, error)

@@ -225,6 +225,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	if text := b.text(t, "#stats"); !strings.Contains(text, "mail") || !strings.Contains(text, "billing") || !strings.Contains(text, xss) {
 		t.Errorf("stats table: %q", text)
 	}
+	if purge := b.eval(t, `document.querySelectorAll('#purge-form button#act-purge').length`); purge != 1 {
+		t.Errorf("stats page with actions: %d purge buttons, want 1", purge)
+	}
 	if os.Getenv("UPDATE_SCREENSHOTS") != "" {
 		b.screenshotTo(t, "../../docs/dashboard-stats.png")
 	}
@@ -276,7 +279,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	b.noErrors(t)
 
 	// Read-only: no action button anywhere; forged posts refused.
-	for _, path := range []string{"/ro/messages?state=dead", "/ro/message/" + res[0].ID.String()} {
+	for _, path := range []string{"/ro/", "/ro/messages?state=dead", "/ro/message/" + res[0].ID.String()} {
 		b.step(t, "read-only "+path, chromedp.Navigate(srv.URL+path), chromedp.WaitVisible(chromedp.CSS("main")))
 		if forms := b.eval(t, `document.querySelectorAll('form[method=post], button[id^=act-], button[id^=bulk-]').length`); forms != 0 {
 			t.Errorf("read-only %s: %d action forms", path, forms)

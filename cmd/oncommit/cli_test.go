@@ -167,6 +167,13 @@ func cliRoundTrip(t *testing.T, d db) {
 		t.Errorf("purge --dry-run: %v", got)
 	}
 	d.ok(t, exitUsage, "purge", "--states", "pending", "--yes")
+	// Skip: PostgreSQL has ordered delivery (nothing halted here: nothing
+	// matched); the others say clearly that they have none.
+	if d.name == "postgres" {
+		d.ok(t, exitNothing, "skip", "--state", "dead", "--yes")
+	} else if _, errs, code := d.run(t, "skip", "--state", "dead", "--yes"); code != exitError || !strings.Contains(errs, "skip needs ordered delivery, which only PostgreSQL has") {
+		t.Errorf("skip on %s: exit %d, %q", d.name, code, errs)
+	}
 	w := lines(t, d.ok(t, 0, "watch", "--count", "2", "--interval", "10ms", "--json"))
 	if len(w) != 2 || w[0]["topic"] != "mail" || w[1]["topic"] != "mail" {
 		t.Errorf("watch --count 2: %v, want two snapshots of topic mail (hook's one message was deleted)", w)
@@ -221,5 +228,51 @@ func TestKindOf(t *testing.T) {
 		if k != c.kind || (c.kind == "" && err == nil) {
 			t.Errorf("kindOf(%q) = %q, %v; want %q", c.dsn, k, err, c.kind)
 		}
+	}
+}
+
+// TestSkip: on PostgreSQL, skip takes the dead head that halts an ordered
+// key (by id or filter), asks for --yes, says what it would change with
+// --dry-run, and logs who skipped what and how many; the key goes on.
+func TestSkip(t *testing.T) {
+	d := postgresDB(t)
+	d.dialect = postgres.Dialect()
+	d.ok(t, 0, "migrate", "up")
+	ob, err := outbox.New(d.dialect, outbox.Config{Table: d.table, OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := d.seed(t, ob, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "x", Key: "H"})
+	failAll(t, ob, d.pool, "x", 1) // H's head dies and halts H
+	head := res[0].ID.String()
+	if got := lines(t, d.ok(t, 0, "list", "--key", "H", "--json")); len(got) != 3 || got[0]["state"] != "dead" || got[1]["state"] != "blocked" {
+		t.Fatalf("key H before the skip: %v", got)
+	}
+	d.ok(t, exitUsage, "skip", head) // no --yes, no terminal
+	if got := lines(t, d.ok(t, 0, "skip", "--key", "H", "--dry-run", "--json")); len(got) != 1 || got[0]["would_change"] != 1.0 {
+		t.Errorf("skip --dry-run: %v", got)
+	}
+	d.ok(t, exitNothing, "skip", res[1].ID.String(), "--yes") // blocked, not a dead head
+	out, errs, code := d.run(t, "skip", head, "--yes", "--json", "--actor", "alice")
+	if code != 0 || len(lines(t, out)) != 1 || lines(t, out)[0]["changed"] != 1.0 {
+		t.Fatalf("skip ID: exit %d, %q, %q", code, out, errs)
+	}
+	for _, want := range []string{`msg="outbox: operator action"`, "action=skip", "actor=alice", `filter="id=` + head + `"`, "changed=1"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("skip's log line lacks %s: %q", want, errs)
+		}
+	}
+	if got := lines(t, d.ok(t, 0, "show", res[1].ID.String(), "--json")); got[0]["state"] != "pending" {
+		t.Errorf("H's next message after the skip: %v, want pending", got)
+	}
+	if got := lines(t, d.ok(t, 0, "show", head, "--json")); got[0]["state"] != "dead" {
+		t.Errorf("the skipped message: %v, want dead", got)
+	}
+	d.ok(t, exitNothing, "skip", head, "--yes")
+	// Purge deletes the skipped message (settled by the skip), logged with
+	// the OS user by default.
+	out, errs, code = d.run(t, "purge", "--states", "dead", "--older-than", "0s", "--yes", "--json")
+	if code != 0 || lines(t, out)[0]["changed"] != 1.0 || !strings.Contains(errs, "action=purge actor="+defaultActor()) || !strings.HasPrefix(defaultActor(), "cli") {
+		t.Errorf("purge: exit %d, %q, %q (actor %s)", code, out, errs, defaultActor())
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/user"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -400,14 +402,53 @@ func pretty(b []byte) string {
 	return "  " + string(p)
 }
 
-var actionsByName = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": outbox.ActRetry, "delete": outbox.ActDelete}
+var actionsByName = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": outbox.ActRetry, "delete": outbox.ActDelete, "skip": outbox.ActSkip}
+
+// defaultActor is who acts when --actor is not given: cli:<the OS user>.
+func defaultActor() string {
+	name := ""
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if name == "" {
+		name = os.Getenv("USER")
+	}
+	if name == "" {
+		return "cli"
+	}
+	return "cli:" + name
+}
+
+// actionLog is the logger of the actions' lines: text on stderr.
+func (c *cli) actionLog() *slog.Logger { return slog.New(slog.NewTextHandler(c.stderr, nil)) }
+
+// countSkippable counts the dead messages matching f that halt their key:
+// what a skip would change now.
+func countSkippable(ctx context.Context, t *target, f outbox.Filter) (int64, error) {
+	var n int64
+	for {
+		p, err := t.ob.List(ctx, t.odb, f, outbox.MaxPageSize)
+		if err != nil {
+			return n, err
+		}
+		for _, m := range p.Messages {
+			if m.Key != "" && m.SettledAt.IsZero() { // a halted head is dead and unsettled
+				n++
+			}
+		}
+		if p.Next.IsZero() {
+			return n, nil
+		}
+		f.After = p.Next
+	}
+}
 
 // sourceStates narrows f's states to those action a changes, for a dry
 // run's count.
 func sourceStates(a outbox.Action, f outbox.Filter) outbox.Filter {
 	var from []outbox.State
 	switch a {
-	case outbox.ActRedrive:
+	case outbox.ActRedrive, outbox.ActSkip:
 		from = []outbox.State{outbox.StateDead}
 	case outbox.ActRetry:
 		from = []outbox.State{outbox.StatePending}
@@ -458,7 +499,7 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 			ff.register(fs)
 			fs.BoolVar(&yes, "yes", false, "do not ask for confirmation")
 			fs.BoolVar(&dry, "dry-run", false, "print what would change, change nothing")
-			fs.StringVar(&actor, "actor", "cli", "who acts, for the log line")
+			fs.StringVar(&actor, "actor", defaultActor(), "who acts, for the log line")
 		})
 		if err != nil {
 			return err
@@ -469,12 +510,24 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 		if err != nil {
 			return err
 		}
+		if a == outbox.ActSkip && !t.ob.OrdersByKey() {
+			if t.kind == "postgres" { // see open: a name too long for its keys table
+				return fmt.Errorf("%w: skip needs ordered delivery, which table %s cannot have (its name is too long for its keys table)", outbox.ErrUnsupported, t.table)
+			}
+			return fmt.Errorf("%w: skip needs ordered delivery, which only PostgreSQL has (this is %s): no key is halted, nothing to skip", outbox.ErrUnsupported, t.kind)
+		}
 		// The count says how many messages the action would change now
-		// (for retry: pending ones, due or not).
+		// (for retry: pending ones, due or not; for skip: dead ones that
+		// halt their key).
 		src := sourceStates(a, f)
 		n := int64(0)
 		if src.States[0] != "none" {
-			if n, err = t.ob.Count(ctx, t.odb, src); err != nil {
+			if a == outbox.ActSkip {
+				n, err = countSkippable(ctx, t, src)
+			} else {
+				n, err = t.ob.Count(ctx, t.odb, src)
+			}
+			if err != nil {
 				return asUsage(err)
 			}
 		}
@@ -487,8 +540,7 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 		if err := c.confirm(fmt.Sprintf("%s %d message(s) matching %s?", name, n, what), yes); err != nil {
 			return err
 		}
-		log := slog.New(slog.NewTextHandler(c.stderr, nil))
-		changed, err := t.ob.Act(ctx, t.odb, a, f, &outbox.ActOptions{Actor: actor, Logger: log})
+		changed, err := t.ob.Act(ctx, t.odb, a, f, &outbox.ActOptions{Actor: actor, Logger: c.actionLog()})
 		if err != nil {
 			return asUsage(err)
 		}
@@ -508,11 +560,13 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	var olderThan time.Duration
 	var states string
 	var yes, dry bool
+	var actor string
 	t, g, rest, err := connect(ctx, c, "purge", args, func(fs *flag.FlagSet) {
 		fs.DurationVar(&olderThan, "older-than", 7*24*time.Hour, "keep messages settled more recently")
 		fs.StringVar(&states, "states", "dead,delivered", "terminal states to purge")
 		fs.BoolVar(&yes, "yes", false, "do not ask for confirmation")
 		fs.BoolVar(&dry, "dry-run", false, "print how many would be deleted, delete nothing")
+		fs.StringVar(&actor, "actor", defaultActor(), "who acts, for the log line")
 	})
 	if err != nil {
 		return err
@@ -530,7 +584,7 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return asUsage(err)
 	}
-	what := fmt.Sprintf("state=%s settled more than %v ago", states, olderThan)
+	what := outbox.PurgeString(ss, olderThan)
 	if dry {
 		out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
 		out.row(map[string]any{"action": "purge", "filter": what, "dry_run": true, "would_change": n}, "purge", what, n)
@@ -539,7 +593,8 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if err := c.confirm(fmt.Sprintf("purge %d message(s), %s?", n, what), yes); err != nil {
 		return err
 	}
-	deleted, err := t.ob.Purge(ctx, t.odb, outbox.PurgeOptions{States: ss, OlderThan: olderThan})
+	deleted, err := t.ob.Purge(ctx, t.odb, outbox.PurgeOptions{States: ss, OlderThan: olderThan,
+		Operator: &outbox.ActOptions{Actor: actor, Logger: c.actionLog()}})
 	if err != nil {
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {

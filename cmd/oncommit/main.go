@@ -1,6 +1,6 @@
 // Command oncommit is the operator's tool for an oncommit outbox table on
 // PostgreSQL, SQLite or MySQL/MariaDB: migrate it, look at its counts and
-// messages, redrive, retry, delete and purge messages, watch it, and serve
+// messages, redrive, retry, delete, skip and purge messages, watch it, and serve
 // the web dashboard.
 //
 //	go install github.com/oncommit/oncommit/cmd/oncommit@latest
@@ -9,12 +9,18 @@
 //	oncommit list --state dead --topic order.placed
 //	oncommit show 01890a5d-ac96-774b-bcce-b302099a8057
 //	oncommit redrive --state dead --topic order.placed --yes
+//	oncommit skip 01890a5d-ac96-774b-bcce-b302099a8057 --yes
 //	oncommit serve --addr 127.0.0.1:8080
 //
 // The DSN comes from --dsn, else OUTBOX_DSN, else DATABASE_URL; the
 // database is told from it (postgres:// URLs, file: URIs or *.db files,
 // user@tcp(host)/db) or named with --driver. Output is an aligned table,
 // or one JSON object per line with --json.
+//
+// Every command that changes messages (redrive, retry, delete, skip,
+// purge) logs one line on stderr with who acted (--actor, by default
+// cli:<the OS user>), the action, the filter and how many messages
+// changed.
 //
 // Exit codes: 0 done, 1 error, 2 usage (bad flags, or a destructive
 // command without --yes when no terminal can confirm), 3 nothing matched
@@ -99,6 +105,7 @@ func init() {
 		{"redrive", "[ID...] [filters]", "make dead messages pending, due now, with fresh attempts", runAct("redrive")},
 		{"retry", "[ID...] [filters]", "make pending messages that wait for a retry or a delay due now", runAct("retry")},
 		{"delete", "[ID...] [filters]", "delete messages (never one a handler is running)", runAct("delete")},
+		{"skip", "[ID...] [filters]", "skip dead messages that halt their key (ordered delivery, PostgreSQL)", runAct("skip")},
 		{"purge", "[--older-than D] [--states dead,delivered]", "delete dead and delivered messages settled long ago", runPurge},
 		{"serve", "[--addr A] [--actions]", "serve the web dashboard", runServe},
 	}

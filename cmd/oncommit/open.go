@@ -101,7 +101,16 @@ func open(ctx context.Context, g *globals) (*target, error) {
 		t.db.Close()
 		return nil, fmt.Errorf("connect to %s: %w", kind, err)
 	}
-	if t.ob, err = outbox.New(t.dialect, outbox.Config{Table: table}); err != nil {
+	// On PostgreSQL the tool reads and acts on the table as an ordered
+	// Outbox: its stats count blocked keys, and skip works. Its migrations
+	// create the keys table; an ordered Outbox that never publishes sends
+	// the same listings and actions as a plain one.
+	cfg := outbox.Config{Table: table, OrderByKey: kind == "postgres"}
+	if t.ob, err = outbox.New(t.dialect, cfg); err != nil && cfg.OrderByKey {
+		cfg.OrderByKey = false // a table name too long for its keys table: no skip
+		t.ob, err = outbox.New(t.dialect, cfg)
+	}
+	if err != nil {
 		t.db.Close()
 		return nil, err
 	}

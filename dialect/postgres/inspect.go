@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"slices"
 	"strconv"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
@@ -59,11 +60,24 @@ func (*dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
 // for a later batch), changes those, re-checking the source state, and
 // returns how many it changed. The array of ids is built once, so a batch
 // never exceeds its limit whatever the plan.
+//
+// Ordered messages (key_seq set) that still hold their place in their
+// key are left alone: a redrive changes unordered dead messages only (the
+// ordered ones re-enter their keys through RedriveOrderedIDsSQL), and a
+// delete never deletes a pending, blocked or halted ordered message (its
+// key would wait forever for it), only delivered ones and dead ones that
+// no longer halt their key (settled: dead under ContinueKey, or skipped).
 func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
 	tbl := QuoteTable(t)
 	var args []any
 	where := inspectSQL.Where(&args, f, "", false)
 	act := inspectSQL.ActWhere(a, "")
+	switch a {
+	case outboxdriver.ActRedrive:
+		act += " AND key_seq IS NULL"
+	case outboxdriver.ActDelete:
+		act += " AND (key_seq IS NULL OR settled_at IS NOT NULL)"
+	}
 	pick := `id = ANY (ARRAY(SELECT id FROM ` + tbl + ` WHERE ` + where + ` AND ` + act +
 		` ORDER BY id LIMIT ` + strconv.Itoa(sqlbuild.InspectBatch) + ` FOR UPDATE SKIP LOCKED)) AND ` + act
 	if a == outboxdriver.ActDelete {
@@ -74,7 +88,64 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 
 func (*dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
 	q, args := ActSQL(t, a, f)
-	return sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
+	n, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
 		return sqlbuild.CountRows(ctx, db, q, args...)
 	})
+	if err != nil || a != outboxdriver.ActRedrive {
+		return n, err
+	}
+	m, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
+		return redriveOrderedBatch(ctx, db, t, f)
+	})
+	return n + m, err
+}
+
+// DeadOrderedSQL returns the first statement of a redrive batch of Act:
+// the ids and keys of up to sqlbuild.InspectBatch dead ordered messages
+// of table t matching f, in id order (through an index: the dead index,
+// or the key index when few messages are ordered).
+func DeadOrderedSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
+	var args []any
+	tbl := QuoteTable(t)
+	where := inspectSQL.Where(&args, f, "", false)
+	// ORDER BY the table's id, not the select list's (text: a sort).
+	return `SELECT id::text, message_key FROM ` + tbl + ` WHERE ` + where +
+		` AND state = 'dead' AND key_seq IS NOT NULL ORDER BY ` + tbl + `.id LIMIT ` + strconv.Itoa(sqlbuild.InspectBatch), args
+}
+
+// redriveOrderedBatch redrives up to sqlbuild.InspectBatch dead ordered
+// messages matching f, in id order, as RedriveOrdered does for a topic:
+// in one transaction that locks their keys (waiting for open publishes of
+// those keys) and re-checks that each is still dead. It sends one SELECT
+// and no transaction when no dead ordered message matches.
+func redriveOrderedBatch(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
+	q, args := DeadOrderedSQL(t, f)
+	rows, err := db.QueryDB(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	var ids, keys []string
+	for rows.Next() {
+		var id, key string
+		if err := rows.Scan(&id, &key); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids, keys = append(ids, id), append(keys, key)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	var n int64
+	err = inTx(ctx, db, func(tx outboxdriver.DB) error {
+		if err := exec(ctx, tx, lockKeys(t), textArray(keys)); err != nil {
+			return err
+		}
+		n, err = sqlbuild.CountRows(ctx, tx, RedriveOrderedIDsSQL(t), textArray(ids))
+		return err
+	})
+	return n, err
 }

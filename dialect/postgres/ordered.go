@@ -490,14 +490,34 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 // halted by a head not redriven, the first of its blocked messages,
 // redriven or not, becomes pending. It returns how many it redrove.
 func RedriveOrderedSQL(t outboxdriver.Table) string {
+	return redriveOrdered(t, "($1 = '' OR topic = $1)", "($1 = '' OR o.topic = $1)")
+}
+
+// RedriveOrderedIDsSQL returns the redrive of the dead ordered messages
+// whose ids are $1 (a uuid[]), as RedriveOrderedSQL redrives those of a
+// topic (after their keys are locked): the ordered part of an operator's
+// redrive by filter (Act). It returns how many it redrove.
+func RedriveOrderedIDsSQL(t outboxdriver.Table) string {
+	return redriveOrdered(t, "", "o.id = ANY($1::uuid[])")
+}
+
+// redriveOrdered builds the redrive of dead ordered messages matching
+// dead (a condition on o.), and of dead unordered ones matching un (on
+// unprefixed columns) unless un is empty.
+func redriveOrdered(t outboxdriver.Table, un, dead string) string {
 	tbl, keys := QuoteTable(t), keysTable(t)
-	return `WITH un AS (
+	unCTE, unCount := "", "0"
+	if un != "" {
+		unCTE = `un AS (
     UPDATE ` + tbl + ` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
-    WHERE state = 'dead' AND key_seq IS NULL AND ($1 = '' OR topic = $1) RETURNING 1),
-dead AS MATERIALIZED (
+    WHERE state = 'dead' AND key_seq IS NULL AND ` + un + ` RETURNING 1),
+`
+		unCount = "(SELECT count(*) FROM un)"
+	}
+	return `WITH ` + unCTE + `dead AS MATERIALIZED (
     SELECT o.id, o.message_key AS k, o.key_seq, o.key_seq IS NOT DISTINCT FROM ks.halted_seq AS halted
     FROM ` + tbl + ` o JOIN ` + keys + ` ks ON ks.message_key = o.message_key
-    WHERE o.state = 'dead' AND o.key_seq IS NOT NULL AND ($1 = '' OR o.topic = $1)),
+    WHERE o.state = 'dead' AND o.key_seq IS NOT NULL AND ` + dead + `),
 kstate AS MATERIALIZED (
     SELECT ks.message_key AS k,
         ks.halted_seq IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dead WHERE dead.k = ks.message_key AND dead.halted) AS halted,
@@ -522,7 +542,7 @@ kk AS (
     UPDATE ` + keys + ` AS ks SET live = ks.live + x.n, halted_seq = CASE WHEN x.unhalt THEN NULL ELSE ks.halted_seq END
     FROM (SELECT dead.k, count(*) FILTER (WHERE NOT dead.halted) AS n, bool_or(dead.halted) AS unhalt FROM dead GROUP BY dead.k) x
     WHERE ks.message_key = x.k RETURNING 1)
-SELECT (SELECT count(*) FROM un) + (SELECT count(*) FROM rd) + 0 * (SELECT count(*) FROM pr) + 0 * (SELECT count(*) FROM kk)`
+SELECT ` + unCount + ` + (SELECT count(*) FROM rd) + 0 * (SELECT count(*) FROM pr) + 0 * (SELECT count(*) FROM kk)`
 }
 
 func (*dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
@@ -541,15 +561,16 @@ ORDER BY message_key FOR UPDATE`, topic)
 }
 
 // SkipHeadSQL returns the skip of key $1's head dead under Halt (after
-// the key is locked): the message stays dead (settled now, so Purge may
-// delete it from now on), the key is no longer halted and no longer counts
-// it, and its first blocked message becomes pending.
-// It returns the skipped message's id, no row when there was none.
+// the key is locked), when $2 is empty or that head's id: the message stays
+// dead (settled now, so Purge may delete it from now on), the key is no
+// longer halted and no longer counts it, and its first blocked message
+// becomes pending. It returns the skipped message's id, no row when there
+// was none.
 func SkipHeadSQL(t outboxdriver.Table) string {
 	tbl, keys := QuoteTable(t), keysTable(t)
 	return `WITH h AS MATERIALIZED (
     SELECT o.id FROM ` + keys + ` ks JOIN ` + tbl + ` o ON o.message_key = ks.message_key AND o.key_seq = ks.halted_seq
-    WHERE ks.message_key = $1 AND o.state = 'dead'),
+    WHERE ks.message_key = $1 AND o.state = 'dead' AND ($2 = '' OR o.id::text = $2)),
 nxt AS MATERIALIZED (
     SELECT o.id FROM ` + tbl + ` o
     WHERE o.message_key = $1 AND o.key_seq IS NOT NULL AND o.state = 'blocked' AND EXISTS (SELECT 1 FROM h)
@@ -560,14 +581,18 @@ kk AS (UPDATE ` + keys + ` SET live = live - 1, halted_seq = NULL WHERE message_
 SELECT id::text FROM h`
 }
 
-func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, key string) (outboxdriver.ID, bool, error) {
+func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, key string, head outboxdriver.ID) (outboxdriver.ID, bool, error) {
+	want := ""
+	if !head.IsZero() {
+		want = head.String()
+	}
 	var id outboxdriver.ID
 	var ok bool
 	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
 		if err := exec(ctx, tx, lockKeys(t), textArray([]string{key})); err != nil {
 			return err
 		}
-		rows, err := tx.QueryDB(ctx, SkipHeadSQL(t), key)
+		rows, err := tx.QueryDB(ctx, SkipHeadSQL(t), key, want)
 		if err != nil {
 			return err
 		}

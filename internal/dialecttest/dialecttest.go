@@ -57,12 +57,37 @@ type env struct {
 	rd outboxdriver.RelayDialect
 }
 
+// envCase is one conformance case: a named test on a fresh env.
+type envCase struct {
+	name string
+	f    func(t *testing.T, e *env)
+}
+
+// runCases runs each case on a fresh env of h, with an Outbox of cfg
+// (its Table set to the env's).
+func runCases(t *testing.T, h Harness, cfg outbox.Config, cases []envCase) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if h.Parallel {
+				t.Parallel()
+			}
+			e := newEnv(t, h)
+			if cfg != (outbox.Config{}) {
+				cfg.Table = e.Table
+				ob, err := outbox.New(h.Dialect, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.ob = ob
+			}
+			tc.f(t, e)
+		})
+	}
+}
+
 // Run runs the suite.
 func Run(t *testing.T, h Harness) {
-	for _, tc := range append([]struct {
-		name string
-		f    func(t *testing.T, e *env)
-	}{
+	runCases(t, h, outbox.Config{}, append([]envCase{
 		{"PublishAtomicity", publishAtomicity},
 		{"Dedup", dedup},
 		{"Delay", delay},
@@ -85,14 +110,7 @@ func Run(t *testing.T, h Harness) {
 		{"RelayStats", relayStats},
 		{"RetryAtClamped", retryAtClamped},
 		{"UnlimitedAttempts", unlimitedAttempts},
-	}, inspectCases...) {
-		t.Run(tc.name, func(t *testing.T) {
-			if h.Parallel {
-				t.Parallel()
-			}
-			tc.f(t, newEnv(t, h))
-		})
-	}
+	}, inspectCases...))
 	runOrdered(t, h)
 }
 

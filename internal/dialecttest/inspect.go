@@ -18,10 +18,7 @@ import (
 
 // inspectCases are the conformance cases of the inspection API (issue 17):
 // Outbox.List, Count, Get and Act on every dialect.
-var inspectCases = []struct {
-	name string
-	f    func(t *testing.T, e *env)
-}{
+var inspectCases = []envCase{
 	{"InspectFilters", inspectFilters},
 	{"InspectPagesUnderInserts", inspectPages},
 	{"InspectActions", inspectActions},
@@ -249,6 +246,10 @@ func inspectActions(t *testing.T, e *env) {
 	}
 	if e.count(t, "") != 5 {
 		t.Error("a refused action changed rows")
+	}
+	// Skip needs ordered delivery: a clear error from an Outbox without it.
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActSkip, outbox.Filter{Topic: "x"}, log); !errors.Is(err, outbox.ErrUnsupported) || n != 0 {
+		t.Errorf("skip on an Outbox without OrderByKey: %d %v, want ErrUnsupported", n, err)
 	}
 }
 

@@ -1,9 +1,12 @@
 package dialecttest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -17,10 +20,7 @@ import (
 
 // orderedCases are the conformance cases of ordered delivery
 // (Config.OrderByKey), run by dialects whose Capabilities.Ordered is true.
-var orderedCases = []struct {
-	name string
-	f    func(t *testing.T, e *env)
-}{
+var orderedCases = []envCase{
 	{"OrderedPublish", orderedPublish},
 	{"OrderedPublishSerialises", orderedPublishSerialises},
 	{"OrderedDedup", orderedDedup},
@@ -31,6 +31,8 @@ var orderedCases = []struct {
 	{"OrderedDelivery", orderedDelivery},
 	{"OrderedRetryBlocksOnlyItsKey", orderedRetryBlocksOnlyItsKey},
 	{"OrderedHaltRedriveSkip", orderedHaltRedriveSkip},
+	{"OrderedSkipAction", orderedSkipAction},
+	{"OrderedRedriveDeleteActions", orderedRedriveDeleteActions},
 	{"OrderedContinue", orderedContinue},
 	{"OrderedStats", orderedStats},
 	{"OrderedSettleWaitsForPublisher", orderedSettleWaitsForPublisher},
@@ -46,20 +48,7 @@ func runOrdered(t *testing.T, h Harness) {
 		})
 		return
 	}
-	for _, tc := range orderedCases {
-		t.Run(tc.name, func(t *testing.T) {
-			if h.Parallel {
-				t.Parallel()
-			}
-			e := newEnv(t, h)
-			ob, err := outbox.New(h.Dialect, outbox.Config{Table: e.Table, OrderByKey: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			e.ob = ob
-			tc.f(t, e)
-		})
-	}
+	runCases(t, h, outbox.Config{OrderByKey: true}, orderedCases)
 }
 
 func (e *env) od(t *testing.T) outboxdriver.OrderedDialect {
@@ -348,6 +337,17 @@ type orderedRecorder struct {
 	fail     func(d outbox.Delivery) error
 }
 
+// poisonRecorder records deliveries and dead-letters every message whose
+// payload contains a 1 until healed is set.
+func poisonRecorder(t *testing.T, healed *atomic.Bool) *orderedRecorder {
+	return newOrderedRecorder(t, func(d outbox.Delivery) error {
+		if strings.Contains(string(d.Payload), "1") && !healed.Load() {
+			return outbox.DeadLetter(errors.New("poison"))
+		}
+		return nil
+	})
+}
+
 func newOrderedRecorder(t *testing.T, fail func(d outbox.Delivery) error) *orderedRecorder {
 	return &orderedRecorder{t: t, inflight: map[string]int{}, log: map[string][]delivery{}, fail: fail}
 }
@@ -465,12 +465,7 @@ func orderedRetryBlocksOnlyItsKey(t *testing.T, e *env) {
 // place, then the rest.
 func orderedHaltRedriveSkip(t *testing.T, e *env) {
 	var healed atomic.Bool
-	rec := newOrderedRecorder(t, func(d outbox.Delivery) error {
-		if strings.Contains(string(d.Payload), "1") && !healed.Load() {
-			return outbox.DeadLetter(errors.New("poison"))
-		}
-		return nil
-	})
+	rec := poisonRecorder(t, &healed)
 	stop := e.relay(t, outbox.RelayConfig{}, map[string]outbox.Handler{"x": rec.handler})
 	var msgs []outbox.Message
 	for i := range 3 {
@@ -719,5 +714,107 @@ func orderedHotKeyWakes(t *testing.T, e *env) {
 	waitFor(t, "the hot key's runs delivered", func() bool { return e.count(t, "") == 0 })
 	if n.Load() != 12 {
 		t.Errorf("%d deliveries, want 12", n.Load())
+	}
+}
+
+// orderedSkipAction: Outbox.Act with ActSkip (the CLI's and the
+// dashboard's skip) skips only dead messages that halt their key, fenced
+// by the message's id, and logs who skipped what and how many.
+func orderedSkipAction(t *testing.T, e *env) {
+	rec := poisonRecorder(t, new(atomic.Bool))
+	stop := e.relay(t, outbox.RelayConfig{DeadKeysByTopic: map[string]outbox.DeadKeyPolicy{"c": outbox.ContinueKey}},
+		map[string]outbox.Handler{"x": rec.handler, "c": rec.handler})
+	defer stop()
+	var msgs []outbox.Message
+	for i := range 3 {
+		msgs = append(msgs, outbox.Message{Topic: "x", Key: "H", Payload: fmt.Appendf(nil, `{"n": %d}`, i)},
+			outbox.Message{Topic: "c", Key: "C", Payload: fmt.Appendf(nil, `{"n": %d}`, i)})
+	}
+	res := e.publish(t, msgs...)
+	waitFor(t, "H halted and C through", func() bool { return e.count(t, "state = 'dead'") == 2 && len(rec.successes("C")) == 2 })
+	ctx := context.Background()
+	var logged bytes.Buffer
+	opts := &outbox.ActOptions{Actor: "alice", Logger: slog.New(slog.NewJSONHandler(&logged, nil))}
+	// C's dead message (Continue) halts nothing; the fence refuses a head
+	// that is not the one named.
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActSkip, outbox.Filter{Key: "C"}, opts); err != nil || n != 0 {
+		t.Errorf("skip of a dead message that halts nothing: %d %v, want 0", n, err)
+	}
+	if _, ok, err := e.od(t).SkipHead(ctx, e.DB, e.ob.Table(), "H", res[0].ID); err != nil || ok {
+		t.Errorf("SkipHead fenced by another id: %v %v, want nothing skipped", ok, err)
+	}
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActSkip, outbox.Filter{States: []outbox.State{outbox.StatePending}, Key: "H"}, opts); err != nil || n != 0 {
+		t.Errorf("skip of pending messages: %d %v, want 0", n, err)
+	}
+	if got := e.states(t, res[2].ID, res[4].ID); got != "dead blocked" {
+		t.Fatalf("H before the skip: %q, want dead blocked", got)
+	}
+	logged.Reset()
+	n, err := e.ob.Act(ctx, e.DB, outbox.ActSkip, outbox.Filter{Topic: "x"}, opts)
+	if err != nil || n != 1 {
+		t.Fatalf("skip of topic x: %d %v, want 1", n, err)
+	}
+	waitFor(t, "H delivered after the skip", func() bool { return len(rec.successes("H")) == 2 })
+	if got := e.states(t, res[2].ID); got != "dead" {
+		t.Errorf("the skipped message: %q, want dead", got)
+	}
+	var line map[string]any
+	if err := json.Unmarshal(logged.Bytes(), &line); err != nil {
+		t.Fatalf("log line %q: %v", logged.String(), err)
+	}
+	for k, want := range map[string]any{"action": "skip", "actor": "alice", "filter": `topic="x"`, "changed": float64(1)} {
+		if line[k] != want {
+			t.Errorf("log line's %s: %v, want %v (%s)", k, line[k], want, logged.String())
+		}
+	}
+	// Skipped, it halts nothing: a second skip finds nothing.
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActSkip, outbox.Filter{IDs: []outbox.ID{res[2].ID}}, opts); err != nil || n != 0 {
+		t.Errorf("second skip: %d %v, want 0", n, err)
+	}
+}
+
+// orderedRedriveDeleteActions: Outbox.Act's redrive and delete keep the
+// keys' order: a delete never takes a halted head or a blocked message
+// (the key would wait forever), a redrive by filter re-enters dead ordered
+// messages in their keys (a halted head first), and the keys flow again
+// afterwards (new messages of each key are pending at once).
+func orderedRedriveDeleteActions(t *testing.T, e *env) {
+	var healed atomic.Bool
+	rec := poisonRecorder(t, &healed)
+	stop := e.relay(t, outbox.RelayConfig{DeadKeysByTopic: map[string]outbox.DeadKeyPolicy{"c": outbox.ContinueKey}},
+		map[string]outbox.Handler{"x": rec.handler, "c": rec.handler})
+	var msgs []outbox.Message
+	for i := range 3 {
+		msgs = append(msgs, outbox.Message{Topic: "x", Key: "H", Payload: fmt.Appendf(nil, `{"n": %d}`, i)},
+			outbox.Message{Topic: "c", Key: "C", Payload: fmt.Appendf(nil, `{"n": %d}`, i)},
+			outbox.Message{Topic: "c", Key: "E", Payload: fmt.Appendf(nil, `{"n": %d}`, i)})
+	}
+	res := e.publish(t, msgs...)
+	waitFor(t, "H halted, C and E through", func() bool {
+		return e.count(t, "state = 'dead'") == 3 && len(rec.successes("C")) == 2 && len(rec.successes("E")) == 2
+	})
+	ctx := context.Background()
+	opts := actOpts(t)
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActDelete, outbox.Filter{Key: "H"}, opts); err != nil || n != 0 {
+		t.Errorf("delete of key H (a halted head, a blocked message): %d %v, want 0", n, err)
+	}
+	if got := e.states(t, res[3].ID, res[6].ID); got != "dead blocked" {
+		t.Fatalf("H after the delete: %q, want dead blocked", got)
+	}
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActDelete, outbox.Filter{Key: "C", States: []outbox.State{outbox.StateDead}}, opts); err != nil || n != 1 {
+		t.Errorf("delete of C's dead message (ContinueKey, halts nothing): %d %v, want 1", n, err)
+	}
+	healed.Store(true)
+	if n, err := e.ob.Act(ctx, e.DB, outbox.ActRedrive, outbox.Filter{States: []outbox.State{outbox.StateDead}}, opts); err != nil || n != 2 {
+		t.Fatalf("redrive of the dead: %d %v, want 2 (H's head, E's)", n, err)
+	}
+	waitFor(t, "all delivered", func() bool { return e.count(t, "") == 0 })
+	if got := normalize(rec.successes("H")); !slices.Equal(got, seqPayloads(3)) {
+		t.Errorf("H delivered %v after the redrive", got)
+	}
+	stop()
+	next := e.publish(t, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "c", Key: "C"}, outbox.Message{Topic: "c", Key: "E"})
+	if got := e.states(t, resIDs(next)...); got != "pending pending pending" {
+		t.Errorf("new messages of H, C, E: %q, want pending pending pending (the keys' counts are off)", got)
 	}
 }
