@@ -37,6 +37,8 @@ var orderedCases = []envCase{
 	{"OrderedStats", orderedStats},
 	{"OrderedSettleWaitsForPublisher", orderedSettleWaitsForPublisher},
 	{"OrderedSpentHead", orderedSpentHead},
+	{"OrderedClaimAllTopics", orderedClaimAllTopics},
+	{"OrderedBatchRun", orderedBatchRun},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
