@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -129,18 +128,6 @@ func (r *Relay) deliver(j *job) {
 		err = r.call(&j.ctx, h, d)
 	}
 	r.send(queued{r.outcome(c, err), time.Now().Add(r.cfg.Lease)})
-}
-
-// decodeHeaders decodes a claimed message's headers; an error dead-letters
-// the message. (Apart from deliver, so that only messages with headers pay
-// for the map json.Unmarshal writes through a pointer: decoding into
-// &d.Headers moved every Delivery to the heap.)
-func decodeHeaders(b []byte) (map[string]string, error) {
-	var h map[string]string
-	if err := json.Unmarshal(b, &h); err != nil {
-		return nil, DeadLetter(fmt.Errorf("invalid headers: %w", err))
-	}
-	return h, nil
 }
 
 // call runs h, turning a panic into an error.
