@@ -39,6 +39,7 @@ var orderedCases = []envCase{
 	{"OrderedSpentHead", orderedSpentHead},
 	{"OrderedClaimAllTopics", orderedClaimAllTopics},
 	{"OrderedBatchRun", orderedBatchRun},
+	{"OrderedBatchMixedHandlers", orderedBatchMixedHandlers},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
