@@ -62,7 +62,8 @@ func (r *Relay) callTopic(ctx context.Context, d Delivery) error {
 }
 
 // group gathers, in place, the jobs of one claim whose messages a batch
-// handler handles: the first job of each batch handler stays in dispatch
+// handler handles (under r.inflightMu, which the caller holds:
+// cancelHandler reads the jobs' lead, and register has published them): the first job of each batch handler stays in dispatch
 // with group set to all of them, in claim order; the others leave
 // dispatch. Jobs of Handlers stay as they are.
 func (r *Relay) group(dispatch []*job) []*job {
@@ -146,6 +147,9 @@ func (r *Relay) deliverBatch(lead *job) {
 	}()
 	b := r.batchOf(lead.c.Topic)
 	items := make([]batchItem, 0, len(lead.group))
+	// Run members fill what the claim's heads leave of BatchSize: a run is
+	// a prefix of its key, so cutting it leaves the rest blocked.
+	room := r.cfg.BatchSize - len(lead.group)
 	for _, j := range lead.group {
 		if r.ord != nil && r.spent(j) {
 			r.deadSpent(j) // no handler runs
@@ -159,7 +163,11 @@ func (r *Relay) deliverBatch(lead *job) {
 			// A run member was not claimed: this delivery is its next
 			// attempt. The run stops before a message another handler
 			// handles (it becomes the key's head once these are done).
-			if r.batchOf(m.Topic) != b || !r.addItem(&items, m, m.Attempts+1, true) {
+			if room <= 0 || r.batchOf(m.Topic) != b {
+				break
+			}
+			room--
+			if !r.addItem(&items, m, m.Attempts+1, true) {
 				break
 			}
 		}

@@ -111,7 +111,9 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			sl.running.Add(int64(len(dispatch)))
 			workers.Add(len(dispatch))
 			if len(r.batches) > 0 {
+				r.inflightMu.Lock()
 				dispatch = r.group(dispatch) // a job per batch (batch.go)
+				r.inflightMu.Unlock()
 			}
 			queue.push(dispatch)
 			clear(dispatch)

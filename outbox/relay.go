@@ -178,6 +178,13 @@ func (r *Relay) Handle(topic string, h Handler) error {
 // delivered again, after it), so a key's later message is never settled
 // before an earlier one (the observer sees those with OutcomeRetry). A
 // run stops, too, before a message of a topic another handler handles.
+// The side effects are h's to keep in order: h gets a key's later
+// messages in the same call as the earlier ones, so it must handle a key's
+// messages one after another and, once one fails, return an error for
+// the key's later messages of the batch without acting on them (the
+// forwarders under forward/ do so). The run members count against
+// BatchSize with the heads: a batch never holds more than BatchSize
+// messages.
 //
 // Its errors are those of Handle.
 func (r *Relay) HandleBatch(topic string, h BatchHandler) error {

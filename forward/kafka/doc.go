@@ -19,9 +19,17 @@
 // oncommit-id and the message's headers. A batch has at most one
 // unacknowledged record per key in flight: a key's next record is produced
 // once Kafka acknowledged the one before it, and when one fails the key's
-// later records in the batch fail without being produced, so a retry can
-// never put a key's later message into Kafka ahead of an earlier one. With
-// ordered delivery (outbox Config.OrderByKey), the relay never settles a
-// key's later message before an earlier one either: a key's messages land
-// in publish order, possibly repeated (k1 k2 k1 k2 after a redelivery).
+// later records in the batch fail without being produced, so within one
+// batch a key's records reach Kafka in the batch's order. Across batches,
+// per-key order into Kafka needs ordered delivery (outbox
+// Config.OrderByKey): the relay then hands a key's messages over in
+// publish order and never settles a later one before an earlier one, so
+// they land in publish order, possibly repeated (k1 k2 k1 k2 after a
+// redelivery). Without it, a key's messages are claimed and retried
+// independently (concurrent claims, separate backoffs) and may land in any
+// order.
+//
+// The client must produce idempotently with acks=all (franz-go's default;
+// New returns ErrNotDurable otherwise) and must not use kgo.ManualFlushing
+// (the forwarder never flushes).
 package kafka

@@ -48,6 +48,9 @@ func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
 	if acks != kgo.AllISRAcks() {
 		return nil, fmt.Errorf("%w: RequiredAcks is not AllISRAcks", ErrNotDurable)
 	}
+	if manual, _ := client.OptValue(kgo.ManualFlushing).(bool); manual {
+		return nil, errors.New("kafka: the client must not use ManualFlushing: the forwarder never flushes, so its records would never be sent")
+	}
 	if off, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); off {
 		return nil, fmt.Errorf("%w: DisableIdempotentWrite is set", ErrNotDurable)
 	}
@@ -70,6 +73,7 @@ func (f *Forwarder) Handler() outbox.BatchHandler {
 			return nil
 		}
 		b := &batch{f: f, ctx: ctx, ds: ds, next: make([]int, len(ds)),
+			recs: make([]*kgo.Record, len(ds)), recErrs: make([]error, len(ds)),
 			wait: wait{errs: make([]error, len(ds)), got: make([]bool, len(ds)), left: len(ds), done: make(chan struct{})}}
 		last := make(map[string]int, len(ds))
 		first := make([]bool, len(ds))
@@ -81,6 +85,11 @@ func (f *Forwarder) Handler() outbox.BatchHandler {
 				}
 				last[k] = i
 			}
+		}
+		// Every record is built here, on the relay's goroutine (its
+		// recover covers Config.Topic), before any is produced.
+		for i := range ds {
+			b.recs[i], b.recErrs[i] = f.record(&ds[i])
 		}
 		for i := range ds {
 			if first[i] {
@@ -98,17 +107,19 @@ func (f *Forwarder) Handler() outbox.BatchHandler {
 // batch is one call of the handler: its deliveries, for each the next
 // delivery of its key (-1 for none), and their outcomes.
 type batch struct {
-	f    *Forwarder
-	ctx  context.Context
-	ds   []outbox.Delivery
-	next []int
+	f       *Forwarder
+	ctx     context.Context
+	ds      []outbox.Delivery
+	next    []int
+	recs    []*kgo.Record
+	recErrs []error
 	wait
 }
 
 // produce produces the record of delivery i; once Kafka acknowledged it,
 // the next of its key; when it fails, fails the rest of its key.
 func (b *batch) produce(i int) {
-	r, err := b.f.record(&b.ds[i])
+	r, err := b.recs[i], b.recErrs[i]
 	if err != nil {
 		b.fail(i, err)
 		return

@@ -508,3 +508,34 @@ func orderedBatchMixedHandlers(t *testing.T, e *env) {
 		}
 	}
 }
+
+// orderedBatchSize: a batch handler gets at most BatchSize messages at
+// once, the runs of ordered heads included (RelayConfig.BatchSize,
+// Relay.HandleBatch): two keys of three messages with BatchSize 2.
+func orderedBatchSize(t *testing.T, e *env) {
+	var msgs []outbox.Message
+	for _, k := range []string{"K", "L"} {
+		for i := range 3 {
+			msgs = append(msgs, outbox.Message{Topic: "x", Key: k, Payload: fmt.Appendf(nil, `{"n": %d}`, i)})
+		}
+	}
+	e.publish(t, msgs...)
+	var log batchLog
+	e.relayWith(t, outbox.RelayConfig{BatchSize: 2, Concurrency: 2}, func(r *outbox.Relay) error {
+		return r.HandleBatch("x", func(ctx context.Context, ds []outbox.Delivery) []error {
+			log.add(ds)
+			return make([]error, len(ds))
+		})
+	})
+	waitFor(t, "all delivered", func() bool { return e.count(t, "") == 0 })
+	n := 0
+	for _, b := range log.get() {
+		n += len(b)
+		if len(b) > 2 {
+			t.Errorf("a batch of %d deliveries with BatchSize 2: %v", len(b), idsOf(b))
+		}
+	}
+	if n != 6 {
+		t.Errorf("%d deliveries, want 6", n)
+	}
+}

@@ -40,6 +40,7 @@ var orderedCases = []envCase{
 	{"OrderedClaimAllTopics", orderedClaimAllTopics},
 	{"OrderedBatchRun", orderedBatchRun},
 	{"OrderedBatchMixedHandlers", orderedBatchMixedHandlers},
+	{"OrderedBatchSize", orderedBatchSize},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else

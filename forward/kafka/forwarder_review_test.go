@@ -1,0 +1,71 @@
+package kafka_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/oncommit/oncommit/forward/kafka"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+func fakeCluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// TestNewRefusesManualFlushing: a client with kgo.ManualFlushing never
+// sends what the forwarder produces (it never flushes): New refuses it
+// rather than leave every batch waiting for its context.
+func TestNewRefusesManualFlushing(t *testing.T) {
+	c := fakeCluster(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ManualFlushing())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kafka.New(cl, kafka.Config{}); err == nil {
+		t.Fatal("New accepted a ManualFlushing client")
+	}
+}
+
+// TestTopicPanicOnHandlerGoroutine: Config.Topic runs on the handler's
+// goroutine for every record (a key's later records included, which are
+// produced from Kafka's callbacks), so a panic in it reaches the relay's
+// recover instead of crashing the process.
+func TestTopicPanicOnHandlerGoroutine(t *testing.T) {
+	c := fakeCluster(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var n atomic.Int64
+	f, err := kafka.New(cl, kafka.Config{Topic: func(string) string {
+		if n.Add(1) == 2 {
+			panic("mapping bug")
+		}
+		return "orders"
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != "mapping bug" {
+			t.Errorf("recovered %v on the handler's goroutine, want the mapping's panic", p)
+		}
+	}()
+	f.Handler()(ctx, []outbox.Delivery{{ID: outbox.NewID(), Topic: "orders", Key: "k"}, {ID: outbox.NewID(), Topic: "orders", Key: "k"}})
+	t.Error("the handler returned: the mapping did not panic on its goroutine")
+}
