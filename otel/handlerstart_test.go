@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -88,4 +89,49 @@ func TestHandlerContext(t *testing.T) {
 			}
 		})
 	}
+}
+
+// valueProp is a propagator of the caller's that carries one header,
+// x-test, as a context value.
+type valueProp struct{}
+
+type valueKey struct{}
+
+func (valueProp) Inject(ctx context.Context, c propagation.TextMapCarrier) {
+	if v, ok := ctx.Value(valueKey{}).(string); ok {
+		c.Set("x-test", v)
+	}
+}
+
+func (valueProp) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	if v := c.Get("x-test"); v != "" {
+		return context.WithValue(ctx, valueKey{}, v)
+	}
+	return ctx
+}
+
+func (valueProp) Fields() []string { return []string{"x-test"} }
+
+// TestHandlerContextCustomPropagator: with a Config.Propagator of the
+// caller's, whatever it extracts from the headers reaches the handler's
+// context, sampled or not.
+func TestHandlerContextCustomPropagator(t *testing.T) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	tel, err := oncommitotel.New(oncommitotel.Config{TracerProvider: tp,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())),
+		Propagator:    propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, valueProp{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := outbox.Message{Topic: "orders"}
+	tel.PublishStart(context.WithValue(context.Background(), valueKey{}, "v-7"), &m)
+	if m.Headers["x-test"] != "v-7" {
+		t.Fatalf("headers after PublishStart: %v", m.Headers)
+	}
+	d := outbox.Delivery{ID: outbox.NewID(), Topic: "orders", Headers: m.Headers, Attempt: 1}
+	hctx := tel.HandlerStart(context.Background(), d)
+	if v, _ := hctx.Value(valueKey{}).(string); v != "v-7" {
+		t.Errorf("handler's context value %q, want v-7", v)
+	}
+	tel.HandlerEnd(hctx, outbox.HandlerEvent{Delivery: d, Outcome: outbox.OutcomeDone})
 }

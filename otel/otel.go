@@ -325,26 +325,22 @@ func (t *Telemetry) PublishEnd(ctx context.Context, e outbox.PublishEvent) {
 // carries the span and the message's baggage. It implements
 // [outbox.RelayObserver].
 //
-// A process span starts a trace of its own (unless ProcessAsChild), so the
-// sampler decides it from the topic's attributes alone; the message id,
-// the attempt and the link to the creation span are added only to spans
-// that record. An unsampled delivery pays for one span start, not for
-// reading its trace context.
+// With the default propagator and without ProcessAsChild, a process span
+// starts a trace of its own, so the sampler decides it from the topic's
+// attributes alone; the message id, the attempt and the link to the
+// creation span are added only to spans that record, and an unsampled
+// delivery pays for one span start, not for reading its trace context.
+// With ProcessAsChild or a Config.Propagator of the caller's, the headers
+// are read first, for every delivery, and the sampler sees it all.
 func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context.Context {
 	ps := t.processStart(d.Topic)
-	if t.cfg.ProcessAsChild {
-		return t.childStart(ctx, d, ps)
+	if t.cfg.ProcessAsChild || !t.defaultProp {
+		return t.fullStart(ctx, d, ps)
 	}
 	var remote context.Context // the headers' context, once read
 	opts := ps.opts
-	if len(d.Headers) > 0 {
-		if t.defaultProp {
-			if _, ok := d.Headers[headerTraceparent]; ok {
-				opts = ps.root
-			}
-		} else if remote = t.extract(d.Headers); trace.SpanContextFromContext(remote).IsValid() {
-			opts = ps.root
-		}
+	if _, ok := d.Headers[headerTraceparent]; ok {
+		opts = ps.root
 	}
 	ctx, span := t.tracer.Start(ctx, ps.name, opts...)
 	if span.IsRecording() {
@@ -358,9 +354,7 @@ func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context
 			}
 		}
 	}
-	if remote == nil && !t.defaultProp && len(d.Headers) > 0 {
-		remote = t.extract(d.Headers)
-	} else if remote == nil && t.defaultProp {
+	if remote == nil {
 		if _, ok := d.Headers[headerBaggage]; ok {
 			remote = t.extract(d.Headers)
 		}
@@ -379,16 +373,21 @@ func (t *Telemetry) extract(h map[string]string) context.Context {
 	return t.prop.Extract(context.Background(), propagation.MapCarrier(h))
 }
 
-// childStart is HandlerStart with Config.ProcessAsChild: the process span
-// is a child of the creation span, so the headers are read first.
-func (t *Telemetry) childStart(ctx context.Context, d outbox.Delivery, ps *processStart) context.Context {
-	opts := make([]trace.SpanStartOption, len(ps.opts), len(ps.opts)+2)
+// fullStart is HandlerStart with Config.ProcessAsChild (the process span
+// is a child of the creation span) or a Config.Propagator of the caller's
+// (whatever it extracts reaches the handler's context): the headers are
+// read into the context first, for every delivery.
+func (t *Telemetry) fullStart(ctx context.Context, d outbox.Delivery, ps *processStart) context.Context {
+	opts := make([]trace.SpanStartOption, len(ps.opts), len(ps.opts)+3)
 	copy(opts, ps.opts)
 	opts = append(opts, trace.WithAttributes(KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt)))
 	if len(d.Headers) > 0 {
 		ctx = t.prop.Extract(ctx, propagation.MapCarrier(d.Headers))
 		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+			if !t.cfg.ProcessAsChild {
+				opts = append(opts, trace.WithNewRoot())
+			}
 		}
 	}
 	ctx, _ = t.tracer.Start(ctx, ps.name, opts...)
