@@ -176,7 +176,7 @@ func (r *Relay) Handle(topic string, h Handler) error {
 // message whose outcome is not nil, and the messages of the key after it
 // are not done whatever their outcomes (they stay blocked and are
 // delivered again, after it), so a key's later message is never settled
-// before an earlier one (the observer sees those with OutcomeRetry). A
+// before an earlier one (the observer sees those with OutcomeHeld). A
 // run stops, too, before a message of a topic another handler handles.
 // The side effects are h's to keep in order: h gets a key's later
 // messages in the same call as the earlier ones, so it must handle a key's

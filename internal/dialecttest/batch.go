@@ -403,7 +403,8 @@ func orderedBatchRun(t *testing.T, e *env) {
 	var log batchLog
 	ids := resIDs(e.publish(t, outbox.Message{Topic: "x", Key: "K", Payload: []byte(`{"n": 0}`)}, outbox.Message{Topic: "x", Key: "K", Payload: []byte(`{"n": 1}`)},
 		outbox.Message{Topic: "x", Key: "K", Payload: []byte(`{"n": 2}`)}, outbox.Message{Topic: "x", Key: "L"}))
-	e.relayWith(t, outbox.RelayConfig{MaxAttempts: outbox.UnlimitedAttempts, BatchSize: 10}, func(r *outbox.Relay) error {
+	obs := &outcomeLog{by: map[outbox.ID][]outbox.Outcome{}}
+	e.relayWith(t, outbox.RelayConfig{MaxAttempts: outbox.UnlimitedAttempts, BatchSize: 10, Observer: obs}, func(r *outbox.Relay) error {
 		return r.HandleBatch("x", func(ctx context.Context, ds []outbox.Delivery) []error {
 			log.add(ds)
 			errs := make([]error, len(ds))
@@ -455,7 +456,40 @@ func orderedBatchRun(t *testing.T, e *env) {
 	if last[ids[2]] < last[ids[1]] {
 		t.Errorf("K's third message last delivered before its second")
 	}
+	// The observer saw K's third message held (not retried) while the
+	// second failed, and done in the end.
+	third := obs.get(ids[2])
+	if len(third) < 2 || third[len(third)-1] != outbox.OutcomeDone || slices.Contains(third, outbox.OutcomeRetry) || !slices.Contains(third, outbox.OutcomeHeld) {
+		t.Errorf("observer outcomes of K's third message %v, want held ones then done", third)
+	}
 }
+
+// outcomeLog is a RelayObserver that records the outcomes of each message.
+type outcomeLog struct {
+	mu sync.Mutex
+	by map[outbox.ID][]outbox.Outcome
+}
+
+func (o *outcomeLog) get(id outbox.ID) []outbox.Outcome {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.by[id])
+}
+
+func (o *outcomeLog) HandlerEnd(_ context.Context, e outbox.HandlerEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.by[e.Delivery.ID] = append(o.by[e.Delivery.ID], e.Outcome)
+}
+
+func (*outcomeLog) ClaimEnd(context.Context, outbox.ClaimEvent) {}
+func (*outcomeLog) HandlerStart(ctx context.Context, _ outbox.Delivery) context.Context {
+	return ctx
+}
+func (*outcomeLog) SettleEnd(context.Context, outbox.SettleEvent)         {}
+func (*outcomeLog) DeadLettered(context.Context, outbox.DeadLetterEvent)  {}
+func (*outcomeLog) LeaseLost(context.Context, outbox.LeaseLostEvent)      {}
+func (*outcomeLog) ListenerChanged(context.Context, outbox.ListenerState) {}
 
 // orderedBatchMixedHandlers: a key whose messages alternate between a
 // topic with a batch handler and one with a Handler is delivered in key
