@@ -35,6 +35,11 @@ const (
 	// OutcomeDead: the message is dead-lettered (DeadLetter, its last
 	// attempt failed, or its headers could not be decoded).
 	OutcomeDead
+	// OutcomeHeld: a batch handler got the message in the run of its key
+	// (ordered delivery), after a message of its key whose outcome was not
+	// done; whatever the handler returned for it, it is not settled, not
+	// counted as an attempt, and delivered again after that message.
+	OutcomeHeld
 )
 
 func (o Outcome) String() string {
@@ -45,6 +50,8 @@ func (o Outcome) String() string {
 		return "retry"
 	case OutcomeDead:
 		return "dead"
+	case OutcomeHeld:
+		return "held"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -268,10 +275,12 @@ func (r *Relay) observeHandled(ctx context.Context, d *Delivery, s *outboxdriver
 	if ran {
 		e.Duration = time.Since(start)
 	}
-	switch s.Kind {
-	case outboxdriver.SettleDone:
+	switch {
+	case err == errRunStopped:
+		e.Outcome = OutcomeHeld
+	case s.Kind == outboxdriver.SettleDone:
 		e.Outcome = OutcomeDone
-	case outboxdriver.SettleRetry:
+	case s.Kind == outboxdriver.SettleRetry:
 		e.Outcome, e.RetryIn = OutcomeRetry, s.Delay
 		if !s.At.IsZero() {
 			e.RetryIn = time.Until(s.At)
