@@ -1,0 +1,354 @@
+package natsfwd_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	natsfwd "github.com/oncommit/oncommit/forward/nats"
+	"github.com/oncommit/oncommit/internal/fwdtest"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+func forwarder(t testing.TB, js jetstream.JetStream, subj func(string) string, cfg natsfwd.Config) *natsfwd.Forwarder {
+	t.Helper()
+	cfg.Subject = func(d outbox.Delivery) string { return subj(d.Topic) }
+	f, err := natsfwd.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// checkOnce fails t unless the stream holds exactly one message per id of
+// want, and nothing else.
+func checkOnce(t testing.TB, got []stored, want []outbox.ID) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, m := range got {
+		seen[m.id]++
+	}
+	for _, id := range want {
+		switch n := seen[id.String()]; n {
+		case 1:
+		case 0:
+			t.Errorf("message %s is not in the stream", id)
+		default:
+			t.Errorf("message %s is in the stream %d times", id, n)
+		}
+		delete(seen, id.String())
+	}
+	for id, n := range seen {
+		t.Errorf("stream holds %d message(s) with id %q that was never published", n, id)
+	}
+	if len(got) != len(want) {
+		t.Errorf("stream holds %d messages, want %d", len(got), len(want))
+	}
+}
+
+// fixture is one test's table, stream and forwarder on the shared server.
+type fixture struct {
+	env  *fwdtest.Env
+	js   jetstream.JetStream
+	s    jetstream.Stream
+	subj func(topic string) string
+	f    *natsfwd.Forwarder
+}
+
+func setup(t *testing.T, ordered bool) fixture {
+	t.Parallel()
+	url := natsURL(t)
+	x := fixture{env: fwdtest.New(t, ordered)}
+	_, x.js = connect(t, url)
+	x.s, x.subj = stream(t, x.js, 20*time.Minute)
+	x.f = forwarder(t, x.js, x.subj, natsfwd.Config{})
+	return x
+}
+
+func TestForward(t *testing.T) {
+	x := setup(t, false)
+	env, s, subj, f := x.env, x.s, x.subj, x.f
+	msgs := fwdtest.Messages("orders", 500, 0)
+	msgs[0].Headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	ids := env.Publish(t, msgs...)
+	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+
+	got := read(t, s)
+	checkOnce(t, got, ids)
+	// In publish order (one relay, one connection), with subject, payload
+	// and headers carried.
+	for i, m := range got {
+		if i >= len(ids) {
+			break
+		}
+		if m.subject != subj("orders") {
+			t.Errorf("message %d: subject %q, want %q", i, m.subject, subj("orders"))
+		}
+		var p struct{ N int }
+		if err := json.Unmarshal([]byte(m.data), &p); err != nil || strconv.Itoa(p.N) != m.header.Get("n") {
+			t.Errorf("message %d: payload %q, header n=%q (%v)", i, m.data, m.header.Get("n"), err)
+		}
+	}
+	if tp := got[0].header.Get("traceparent"); tp != msgs[0].Headers["traceparent"] {
+		t.Errorf("traceparent header %q, want %q", tp, msgs[0].Headers["traceparent"])
+	}
+}
+
+// TestKilledAfterAck: a relay killed after JetStream acknowledged its
+// messages and before it wrote their outcomes; the next relay delivers
+// them again and JetStream drops the second copies (Nats-Msg-Id).
+func TestKilledAfterAck(t *testing.T) {
+	x := setup(t, false)
+	env, js, s, subj, url := x.env, x.js, x.s, x.subj, natsURL(t)
+	const n = 20
+	ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
+
+	acked := env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_NATSFWD_URL="+url, "OC_NATSFWD_STREAM="+subj(""))
+	if got := read(t, s); len(got) != n {
+		t.Fatalf("after the child's acks the stream holds %d messages, want %d", len(got), n)
+	}
+	if m := env.Rows(t); m["processing"] != n {
+		t.Fatalf("after the kill the table holds %v, want %d processing (no outcome written)", m, n)
+	}
+
+	f := forwarder(t, js, subj, natsfwd.Config{})
+	var again atomic.Int64
+	h := f.Handler()
+	r := env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", func(ctx context.Context, ds []outbox.Delivery) []error {
+		for _, d := range ds {
+			if d.Attempt >= 2 {
+				again.Add(1)
+			}
+		}
+		return h(ctx, ds)
+	})
+	stop := fwdtest.Run(t, r)
+	env.WaitEmpty(t, time.Minute)
+	stop()
+	if again.Load() != n {
+		t.Errorf("%d redeliveries after the kill, want %d (acked by the child: %d)", again.Load(), n, len(acked))
+	}
+	checkOnce(t, read(t, s), ids)
+}
+
+// TestHelperKilledAfterAck is the child process of TestKilledAfterAck.
+func TestHelperKilledAfterAck(t *testing.T) {
+	env, wrap := fwdtest.Child(t)
+	_, js := connect(t, os.Getenv("OC_NATSFWD_URL"))
+	prefix := os.Getenv("OC_NATSFWD_STREAM")
+	f := forwarder(t, js, func(topic string) string { return prefix + topic }, natsfwd.Config{})
+	r := env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", wrap(f.Handler()))
+	fwdtest.Run(t, r)
+	select {} // until killed
+}
+
+// TestServerDown: the NATS server stops for 10 s while messages are
+// published and forwarded. Nothing is lost, nothing is stored twice, and
+// no message is reported done while the server is down.
+func TestServerDown(t *testing.T) {
+	t.Parallel()
+	srv := ownServer(t)
+	env := fwdtest.New(t, false)
+	_, js := connect(t, srv.url())
+	s, subj := stream(t, js, 10*time.Minute)
+	f := forwarder(t, js, subj, natsfwd.Config{AckTimeout: 2 * time.Second})
+
+	var mu sync.Mutex
+	var doneAt []time.Time
+	var failed int
+	h := f.Handler()
+	r := env.Relay(t, outbox.RelayConfig{RetryBase: 100 * time.Millisecond, RetryCap: time.Second, MaxAttempts: outbox.UnlimitedAttempts, Lease: 5 * time.Second},
+		"orders", func(ctx context.Context, ds []outbox.Delivery) []error {
+			out := h(ctx, ds)
+			now := time.Now()
+			mu.Lock()
+			for _, err := range out {
+				if err == nil {
+					doneAt = append(doneAt, now)
+				} else {
+					failed++
+				}
+			}
+			mu.Unlock()
+			return out
+		})
+	stop := fwdtest.Run(t, r)
+
+	// 150 transactions of 10 messages, one every 100 ms (15 s).
+	var ids []outbox.ID
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := range 150 {
+			ms := fwdtest.Messages("orders", 10, 0)
+			for j := range ms {
+				ms[j].Headers["n"] = strconv.Itoa(i*10 + j)
+			}
+			ids = append(ids, env.Publish(t, ms...)...)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	time.Sleep(3 * time.Second)
+	srv.stop()
+	downFrom := time.Now()
+	time.Sleep(10 * time.Second)
+	downTo := time.Now()
+	srv.start()
+	<-published
+	env.WaitEmpty(t, 2*time.Minute)
+	stop()
+
+	checkOnce(t, read(t, s), ids)
+	mu.Lock()
+	defer mu.Unlock()
+	var during int
+	for _, at := range doneAt {
+		// The server's last acks come before it exits; allow the
+		// handler a moment to return after the last of them.
+		if at.After(downFrom.Add(500*time.Millisecond)) && at.Before(downTo) {
+			during++
+		}
+	}
+	if during > 0 {
+		t.Errorf("%d messages reported done while the server was down", during)
+	}
+	if failed == 0 {
+		t.Error("no publish failed: the outage was not felt")
+	}
+	t.Logf("%d messages, %d done outcomes, %d failed ones (retried)", len(ids), len(doneAt), failed)
+}
+
+// TestKeyOrder: with ordered delivery, each key's messages are on the
+// stream in publish order.
+func TestKeyOrder(t *testing.T) {
+	x := setup(t, true)
+	env, s, f := x.env, x.s, x.f
+	ids := env.Publish(t, fwdtest.Messages("orders", 200, 5)...)
+	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+	got := read(t, s)
+	checkOnce(t, got, ids)
+	last := map[int]int{}
+	for _, m := range got {
+		n, _ := strconv.Atoi(m.header.Get("n"))
+		k := n % 5
+		if p, ok := last[k]; ok && n < p {
+			t.Errorf("key-%d: message %d after %d on the stream", k, n, p)
+		}
+		last[k] = n
+	}
+}
+
+// TestNoStream: a subject no stream stores gets no PubAck: the message is
+// retried, then dead, never done.
+func TestNoStream(t *testing.T) {
+	t.Parallel()
+	url := natsURL(t)
+	env := fwdtest.New(t, false)
+	_, js := connect(t, url)
+	f := forwarder(t, js, func(topic string) string { return "ocfwd.nostream." + topic }, natsfwd.Config{AckTimeout: time.Second})
+	env.Publish(t, fwdtest.Messages("orders", 3, 0)...)
+	var mu sync.Mutex
+	var outcomes []error
+	h := f.Handler()
+	r := env.Relay(t, outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders",
+		func(ctx context.Context, ds []outbox.Delivery) []error {
+			out := h(ctx, ds)
+			mu.Lock()
+			outcomes = append(outcomes, out...)
+			mu.Unlock()
+			return out
+		})
+	stop := fwdtest.Run(t, r)
+	env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["dead"] == 3 })
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(outcomes) != 6 {
+		t.Errorf("%d outcomes, want 6 (3 messages x 2 attempts)", len(outcomes))
+	}
+	for _, err := range outcomes {
+		if err == nil {
+			t.Error("a message without a stream was reported done")
+		}
+	}
+	t.Logf("outcome: %v", outcomes[0])
+}
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	url := natsURL(t)
+	_, js := connect(t, url)
+	short, shortSubj := stream(t, js, time.Minute)
+	_, longSubj := stream(t, js, 11*time.Minute)
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	check := func(subj func(string) string, topics ...string) (string, error) {
+		mu.Lock()
+		buf.Reset()
+		mu.Unlock()
+		f := forwarder(t, js, subj, natsfwd.Config{Logger: log})
+		err := f.Check(context.Background(), topics...)
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String(), err
+	}
+	out, err := check(shortSubj, "a", "b")
+	if err != nil || strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "stream="+short.CachedInfo().Config.Name) {
+		t.Errorf("1m window with the default 30s lease and 10m retry cap: err %v, log %q; want one warning naming the stream", err, out)
+	}
+	out, err = check(longSubj, "a")
+	if err != nil || out != "" {
+		t.Errorf("11m window: err %v, log %q; want neither", err, out)
+	}
+	_, err = check(func(topic string) string { return "ocfwd.nostream." + topic }, "a")
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("no stream: err %v, want jetstream.ErrStreamNotFound", err)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		cfg   natsfwd.Config
+		field string
+	}{
+		{natsfwd.Config{Window: -1}, "Window"},
+		{natsfwd.Config{AckTimeout: -1}, "AckTimeout"},
+		{natsfwd.Config{Lease: -1}, "Lease"},
+		{natsfwd.Config{RetryCap: -1}, "RetryCap"},
+	} {
+		_, err := natsfwd.New(fakeJS{}, c.cfg)
+		var ce *natsfwd.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field {
+			t.Errorf("%+v: err %v, want a *ConfigError for %s", c.cfg, err, c.field)
+		}
+	}
+	var ce *natsfwd.ConfigError
+	if _, err := natsfwd.New(nil, natsfwd.Config{}); !errors.As(err, &ce) {
+		t.Errorf("nil JetStream: err %v, want a *ConfigError", err)
+	}
+}
+
+type fakeJS struct{ jetstream.JetStream }
