@@ -164,69 +164,8 @@ func TestServerDown(t *testing.T) {
 	s, subj := stream(t, js, 10*time.Minute)
 	f := forwarder(t, js, subj, natsfwd.Config{AckTimeout: 2 * time.Second})
 
-	var mu sync.Mutex
-	var doneAt []time.Time
-	var failed int
-	h := f.Handler()
-	r := env.Relay(t, outbox.RelayConfig{RetryBase: 100 * time.Millisecond, RetryCap: time.Second, MaxAttempts: outbox.UnlimitedAttempts, Lease: 5 * time.Second},
-		"orders", func(ctx context.Context, ds []outbox.Delivery) []error {
-			out := h(ctx, ds)
-			now := time.Now()
-			mu.Lock()
-			for _, err := range out {
-				if err == nil {
-					doneAt = append(doneAt, now)
-				} else {
-					failed++
-				}
-			}
-			mu.Unlock()
-			return out
-		})
-	stop := fwdtest.Run(t, r)
-
-	// 150 transactions of 10 messages, one every 100 ms (15 s).
-	var ids []outbox.ID
-	published := make(chan struct{})
-	go func() {
-		defer close(published)
-		for i := range 150 {
-			ms := fwdtest.Messages("orders", 10, 0)
-			for j := range ms {
-				ms[j].Headers["n"] = strconv.Itoa(i*10 + j)
-			}
-			ids = append(ids, env.Publish(t, ms...)...)
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
-	time.Sleep(3 * time.Second)
-	srv.stop()
-	downFrom := time.Now()
-	time.Sleep(10 * time.Second)
-	downTo := time.Now()
-	srv.start()
-	<-published
-	env.WaitEmpty(t, 2*time.Minute)
-	stop()
-
+	ids := env.Outage(t, f.Handler(), 500*time.Millisecond, srv.stop, srv.start)
 	checkOnce(t, read(t, s), ids)
-	mu.Lock()
-	defer mu.Unlock()
-	var during int
-	for _, at := range doneAt {
-		// The server's last acks come before it exits; allow the
-		// handler a moment to return after the last of them.
-		if at.After(downFrom.Add(500*time.Millisecond)) && at.Before(downTo) {
-			during++
-		}
-	}
-	if during > 0 {
-		t.Errorf("%d messages reported done while the server was down", during)
-	}
-	if failed == 0 {
-		t.Error("no publish failed: the outage was not felt")
-	}
-	t.Logf("%d messages, %d done outcomes, %d failed ones (retried)", len(ids), len(doneAt), failed)
 }
 
 // TestKeyOrder: with ordered delivery, each key's messages are on the
@@ -238,15 +177,11 @@ func TestKeyOrder(t *testing.T) {
 	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
 	got := read(t, s)
 	checkOnce(t, got, ids)
-	last := map[int]int{}
+	var ns []string
 	for _, m := range got {
-		n, _ := strconv.Atoi(m.header.Get("n"))
-		k := n % 5
-		if p, ok := last[k]; ok && n < p {
-			t.Errorf("key-%d: message %d after %d on the stream", k, n, p)
-		}
-		last[k] = n
+		ns = append(ns, m.header.Get("n"))
 	}
+	fwdtest.CheckKeyOrder(t, ns, 5)
 }
 
 // TestNoStream: a subject no stream stores gets no PubAck: the message is
@@ -258,31 +193,15 @@ func TestNoStream(t *testing.T) {
 	_, js := connect(t, url)
 	f := forwarder(t, js, func(topic string) string { return "ocfwd.nostream." + topic }, natsfwd.Config{AckTimeout: time.Second})
 	env.Publish(t, fwdtest.Messages("orders", 3, 0)...)
-	var mu sync.Mutex
-	var outcomes []error
-	h := f.Handler()
-	r := env.Relay(t, outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders",
-		func(ctx context.Context, ds []outbox.Delivery) []error {
-			out := h(ctx, ds)
-			mu.Lock()
-			outcomes = append(outcomes, out...)
-			mu.Unlock()
-			return out
-		})
-	stop := fwdtest.Run(t, r)
+	var rc fwdtest.Recorder
+	stop := fwdtest.Run(t, env.Relay(t, outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders", rc.Wrap(f.Handler())))
 	env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["dead"] == 3 })
 	stop()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(outcomes) != 6 {
-		t.Errorf("%d outcomes, want 6 (3 messages x 2 attempts)", len(outcomes))
+	doneAt, errs := rc.Outcomes()
+	if len(doneAt) > 0 || len(errs) != 6 {
+		t.Errorf("%d done, %d failed outcomes; want 0 done, 6 failed (3 messages x 2 attempts)", len(doneAt), len(errs))
 	}
-	for _, err := range outcomes {
-		if err == nil {
-			t.Error("a message without a stream was reported done")
-		}
-	}
-	t.Logf("outcome: %v", outcomes[0])
+	t.Logf("outcome: %v", errs[0])
 }
 
 func TestCheck(t *testing.T) {

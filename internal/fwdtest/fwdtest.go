@@ -271,3 +271,107 @@ func (e *Env) Kill(t testing.TB, helper string, n int, timeout time.Duration, en
 	}
 	return acked
 }
+
+// Recorder wraps a batch handler and records when each message was
+// reported done and the failed outcomes.
+type Recorder struct {
+	mu     sync.Mutex
+	doneAt []time.Time
+	errs   []error
+}
+
+// Wrap returns h, recording its outcomes.
+func (rc *Recorder) Wrap(h BatchHandler) BatchHandler {
+	return func(ctx context.Context, ds []outbox.Delivery) []error {
+		out := h(ctx, ds)
+		now := time.Now()
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		for _, err := range out {
+			if err == nil {
+				rc.doneAt = append(rc.doneAt, now)
+			} else {
+				rc.errs = append(rc.errs, err)
+			}
+		}
+		return out
+	}
+}
+
+// Outcomes returns the times messages were reported done and the failed
+// outcomes so far.
+func (rc *Recorder) Outcomes() (doneAt []time.Time, errs []error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]time.Time(nil), rc.doneAt...), append([]error(nil), rc.errs...)
+}
+
+// Outage runs a relay with h (retrying every 100 ms to 1 s, for ever, 5 s
+// leases) while 1,500 messages are published, 10 per transaction every
+// 100 ms; 3 s in it calls down, 10 s later up; then it waits until the
+// table is empty and returns the ids published. It fails t when a message
+// was reported done between down's return (plus grace: the last answers
+// of the broker before it went away) and up, and when no outcome failed
+// (the outage was not felt).
+func (e *Env) Outage(t testing.TB, h BatchHandler, grace time.Duration, down, up func()) []outbox.ID {
+	t.Helper()
+	var rc Recorder
+	stop := Run(t, e.Relay(t, outbox.RelayConfig{RetryBase: 100 * time.Millisecond, RetryCap: time.Second, MaxAttempts: outbox.UnlimitedAttempts, Lease: 5 * time.Second},
+		"orders", rc.Wrap(h)))
+	var ids []outbox.ID
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := range 150 {
+			ms := Messages("orders", 10, 0)
+			for j := range ms {
+				ms[j].Headers["n"] = fmt.Sprint(i*10 + j)
+			}
+			ids = append(ids, e.Publish(t, ms...)...)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	time.Sleep(3 * time.Second)
+	down()
+	downFrom := time.Now()
+	time.Sleep(10 * time.Second)
+	downTo := time.Now()
+	up()
+	<-published
+	e.WaitEmpty(t, 2*time.Minute)
+	stop()
+	doneAt, errs := rc.Outcomes()
+	during := 0
+	for _, at := range doneAt {
+		if at.After(downFrom.Add(grace)) && at.Before(downTo) {
+			during++
+		}
+	}
+	if during > 0 {
+		t.Errorf("%d messages reported done while the broker was away", during)
+	}
+	if len(errs) == 0 {
+		t.Error("no publish failed: the outage was not felt")
+	}
+	t.Logf("%d messages, %d done outcomes, %d failed ones (retried)", len(ids), len(doneAt), len(errs))
+	return ids
+}
+
+// CheckKeyOrder fails t unless, for messages of Messages(topic, n, keys)
+// whose header n values are ns in the broker's order, each key's
+// messages come in publish order.
+func CheckKeyOrder(t testing.TB, ns []string, keys int) {
+	t.Helper()
+	last := map[int]int{}
+	for _, s := range ns {
+		var n int
+		if _, err := fmt.Sscan(s, &n); err != nil {
+			t.Fatalf("header n %q: %v", s, err)
+		}
+		k := n % keys
+		if p, ok := last[k]; ok && n < p {
+			t.Errorf("key-%d: message %d after %d on the broker", k, n, p)
+		}
+		last[k] = n
+	}
+}

@@ -1,0 +1,299 @@
+package rabbitmq_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/oncommit/oncommit/forward/rabbitmq"
+	"github.com/oncommit/oncommit/internal/fwdtest"
+	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// DefaultURL is the local RabbitMQ tried when OUTBOX_TEST_RABBITMQ_URL is
+// unset: the one .ci/run starts.
+const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// rabbitURL returns the URL of a RabbitMQ, or skips (fails under CI=true,
+// logged to OUTBOX_TEST_SKIPLOG) the test.
+func rabbitURL(t testing.TB) string {
+	t.Helper()
+	u, from := os.Getenv("OUTBOX_TEST_RABBITMQ_URL"), "OUTBOX_TEST_RABBITMQ_URL="
+	if u == "" {
+		u, from = DefaultURL, ""
+	}
+	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+	if err != nil {
+		pgtest.Unavailable(t, fmt.Sprintf("no RabbitMQ: %s%s does not answer (%v); run rabbitmq-server -detached or set OUTBOX_TEST_RABBITMQ_URL", from, u, err))
+	}
+	conn.Close()
+	return u
+}
+
+// broker is one test's exchange (direct) and durable queue bound to it
+// with routing key "orders", deleted when the test ends.
+type broker struct {
+	url      string
+	exchange string
+	queue    string
+	ch       *amqp.Channel
+}
+
+func newBroker(t testing.TB) *broker {
+	t.Helper()
+	b := &broker{url: rabbitURL(t)}
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	b.exchange = "ocfwd." + hex.EncodeToString(r[:])
+	b.queue = b.exchange + ".q"
+	conn, err := amqp.Dial(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if b.ch, err = conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ch.ExchangeDeclare(b.exchange, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ch.QueueDeclare(b.queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ch.QueueBind(b.queue, "orders", b.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = b.ch.QueueDelete(b.queue, false, false, false)
+		_ = b.ch.ExchangeDelete(b.exchange, false, false)
+	})
+	return b
+}
+
+// forwarder returns a forwarder to b's exchange at url (b's when "").
+func (b *broker) forwarder(t testing.TB, url string, cfg rabbitmq.Config) *rabbitmq.Forwarder {
+	t.Helper()
+	if url == "" {
+		url = b.url
+	}
+	cfg.Exchange = b.exchange
+	f, err := rabbitmq.New(url, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// read takes every message in b's queue, in queue order.
+func (b *broker) read(t testing.TB) []amqp.Delivery {
+	t.Helper()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := b.ch.Get(b.queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// count returns how many times each message id is in ms, and fails t for
+// ids never published and for published ids missing.
+func count(t testing.TB, ms []amqp.Delivery, want []outbox.ID) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for _, m := range ms {
+		seen[m.MessageId]++
+	}
+	known := map[string]bool{}
+	for _, id := range want {
+		known[id.String()] = true
+		if seen[id.String()] == 0 {
+			t.Errorf("message %s is not in the queue", id)
+		}
+	}
+	for id := range seen {
+		if !known[id] {
+			t.Errorf("queue holds message id %q that was never published", id)
+		}
+	}
+	return seen
+}
+
+func TestForward(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	env := fwdtest.New(t, false)
+	f := b.forwarder(t, "", rabbitmq.Config{})
+	msgs := fwdtest.Messages("orders", 500, 0)
+	ids := env.Publish(t, msgs...)
+	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+
+	got := b.read(t)
+	for id, n := range count(t, got, ids) {
+		if n != 1 {
+			t.Errorf("message %s is in the queue %d times", id, n)
+		}
+	}
+	for i, m := range got {
+		if m.DeliveryMode != amqp.Persistent || m.Type != "orders" || m.Timestamp.IsZero() {
+			t.Errorf("message %d: delivery mode %d, type %q, timestamp %v; want persistent, orders, set", i, m.DeliveryMode, m.Type, m.Timestamp)
+		}
+		if m.Headers["n"] == nil {
+			t.Errorf("message %d: headers %v, want n", i, m.Headers)
+		}
+	}
+}
+
+// TestKilledAfterAck: a relay killed after the broker confirmed its
+// messages and before it wrote their outcomes; the next relay publishes
+// them again with the same message-id, which consumers deduplicate on.
+func TestKilledAfterAck(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	env := fwdtest.New(t, false)
+	const n = 20
+	ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
+	env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_RABBITFWD_URL="+b.url, "OC_RABBITFWD_EXCHANGE="+b.exchange)
+
+	f := b.forwarder(t, "", rabbitmq.Config{})
+	env.Drain(t, outbox.RelayConfig{Lease: time.Second}, "orders", f.Handler(), time.Minute)
+	for id, k := range count(t, b.read(t), ids) {
+		if k != 2 {
+			t.Errorf("message-id %s is in the queue %d times, want 2 (before the kill and after)", id, k)
+		}
+	}
+}
+
+// TestHelperKilledAfterAck is the child process of TestKilledAfterAck.
+func TestHelperKilledAfterAck(t *testing.T) {
+	env, wrap := fwdtest.Child(t)
+	f, err := rabbitmq.New(os.Getenv("OC_RABBITFWD_URL"), rabbitmq.Config{Exchange: os.Getenv("OC_RABBITFWD_EXCHANGE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", wrap(f.Handler()))
+	fwdtest.Run(t, r)
+	select {} // until killed
+}
+
+// TestConnectionCut: every connection to the broker is cut, and new ones
+// refused, for 10 s while messages are published and forwarded. Nothing
+// is lost, and no message is reported done while the broker is cut off.
+func TestConnectionCut(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	env := fwdtest.New(t, false)
+	p := fwdtest.NewProxy(t, "127.0.0.1:5672")
+	if u, err := amqp.ParseURI(b.url); err != nil || u.Host != "127.0.0.1" || u.Port != 5672 {
+		t.Skipf("the proxy forwards to 127.0.0.1:5672, the broker is at %s", b.url)
+	}
+	f := b.forwarder(t, "amqp://guest:guest@"+p.Addr()+"/", rabbitmq.Config{ConfirmTimeout: 2 * time.Second})
+	ids := env.Outage(t, f.Handler(), 100*time.Millisecond, p.Cut, p.Restore)
+	dup := 0
+	for _, k := range count(t, b.read(t), ids) {
+		dup += k - 1
+	}
+	t.Logf("%d second copies in the queue (same message-id)", dup)
+}
+
+// TestUnroutable: a message no queue is bound for is returned by the
+// broker: retried, then dead, never done (dead at once with
+// DeadLetterUnroutable).
+func TestUnroutable(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	for _, c := range []struct {
+		name     string
+		deadNow  bool
+		attempts int
+	}{{"retried", false, 2}, {"dead-lettered", true, 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			env := fwdtest.New(t, false)
+			f := b.forwarder(t, "", rabbitmq.Config{DeadLetterUnroutable: c.deadNow, RoutingKey: func(outbox.Delivery) string { return "nowhere" }})
+			env.Publish(t, fwdtest.Messages("orders", 3, 0)...)
+			var rc fwdtest.Recorder
+			stop := fwdtest.Run(t, env.Relay(t, outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders", rc.Wrap(f.Handler())))
+			env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["dead"] == 3 })
+			stop()
+			doneAt, errs := rc.Outcomes()
+			if len(doneAt) > 0 || len(errs) != 3*c.attempts {
+				t.Errorf("%d done, %d failed outcomes; want 0 done, %d failed", len(doneAt), len(errs), 3*c.attempts)
+			}
+			for _, err := range errs {
+				var ue *rabbitmq.UnroutableError
+				if !errors.As(err, &ue) || ue.RoutingKey != "nowhere" || ue.Code != 312 {
+					t.Errorf("outcome %v, want an *UnroutableError (312, routing key nowhere)", err)
+				}
+			}
+			if got := b.read(t); len(got) != 0 {
+				t.Errorf("%d messages in the queue, want 0", len(got))
+			}
+		})
+	}
+}
+
+// TestKeyOrder: with ordered delivery, each key's messages are in the
+// queue in publish order.
+func TestKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	env := fwdtest.New(t, true)
+	f := b.forwarder(t, "", rabbitmq.Config{})
+	ids := env.Publish(t, fwdtest.Messages("orders", 200, 5)...)
+	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+	got := b.read(t)
+	count(t, got, ids)
+	var ns []string
+	for _, m := range got {
+		ns = append(ns, fmt.Sprint(m.Headers["n"]))
+	}
+	fwdtest.CheckKeyOrder(t, ns, 5)
+}
+
+// TestReconnect: a connection closed between batches is dialled again on
+// the next batch.
+func TestReconnect(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	env := fwdtest.New(t, false)
+	p := fwdtest.NewProxy(t, "127.0.0.1:5672")
+	f := b.forwarder(t, "amqp://guest:guest@"+p.Addr()+"/", rabbitmq.Config{})
+	ids := env.Publish(t, fwdtest.Messages("orders", 5, 0)...)
+	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+	p.Cut()
+	p.Restore()
+	ids = append(ids, env.Publish(t, fwdtest.Messages("orders", 5, 0)...)...)
+	env.Drain(t, outbox.RelayConfig{RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders", f.Handler(), time.Minute)
+	count(t, b.read(t), ids)
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		url   string
+		cfg   rabbitmq.Config
+		field string
+	}{
+		{"", rabbitmq.Config{}, "url"},
+		{"http://x", rabbitmq.Config{}, "url"},
+		{DefaultURL, rabbitmq.Config{Window: -1}, "Window"},
+		{DefaultURL, rabbitmq.Config{ConfirmTimeout: -1}, "ConfirmTimeout"},
+	} {
+		_, err := rabbitmq.New(c.url, c.cfg)
+		var ce *rabbitmq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field {
+			t.Errorf("%q %+v: err %v, want a *ConfigError for %s", c.url, c.cfg, err, c.field)
+		}
+	}
+}
