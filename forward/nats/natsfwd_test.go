@@ -1,19 +1,17 @@
 package natsfwd_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsfwd "github.com/oncommit/oncommit/forward/nats"
@@ -204,24 +202,35 @@ func TestNoStream(t *testing.T) {
 	t.Logf("outcome: %v", errs[0])
 }
 
+// TestBadSubject: a subject NATS refuses dead-letters the message at once:
+// retrying cannot help.
+func TestBadSubject(t *testing.T) {
+	x := setup(t, false)
+	f := forwarder(t, x.js, func(string) string { return "has a space" }, natsfwd.Config{})
+	x.env.Publish(t, fwdtest.Messages("orders", 2, 0)...)
+	var rc fwdtest.Recorder
+	stop := fwdtest.Run(t, x.env.Relay(t, outbox.RelayConfig{}, "orders", rc.Wrap(f.Handler())))
+	x.env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["dead"] == 2 })
+	stop()
+	doneAt, errs := rc.Outcomes()
+	var dl *outbox.DeadLetterError
+	if len(doneAt) > 0 || len(errs) != 2 || !errors.As(errs[0], &dl) || !errors.Is(errs[0], nats.ErrBadSubject) {
+		t.Errorf("%d done, outcomes %v; want 2 dead letters wrapping nats.ErrBadSubject", len(doneAt), errs)
+	}
+}
+
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	url := natsURL(t)
 	_, js := connect(t, url)
 	short, shortSubj := stream(t, js, time.Minute)
 	_, longSubj := stream(t, js, 11*time.Minute)
-	var buf bytes.Buffer
-	var mu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	var log fwdtest.Log
 	check := func(subj func(string) string, topics ...string) (string, error) {
-		mu.Lock()
-		buf.Reset()
-		mu.Unlock()
-		f := forwarder(t, js, subj, natsfwd.Config{Logger: log})
+		log.Reset()
+		f := forwarder(t, js, subj, natsfwd.Config{Logger: log.Logger()})
 		err := f.Check(context.Background(), topics...)
-		mu.Lock()
-		defer mu.Unlock()
-		return buf.String(), err
+		return log.String(), err
 	}
 	out, err := check(shortSubj, "a", "b")
 	if err != nil || strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "stream="+short.CachedInfo().Config.Name) {
@@ -235,17 +244,6 @@ func TestCheck(t *testing.T) {
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("no stream: err %v, want jetstream.ErrStreamNotFound", err)
 	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func TestConfigErrors(t *testing.T) {

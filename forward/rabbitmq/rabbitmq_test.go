@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -269,7 +270,8 @@ func TestReconnect(t *testing.T) {
 	b := newBroker(t)
 	env := fwdtest.New(t, false)
 	p := fwdtest.NewProxy(t, "127.0.0.1:5672")
-	f := b.forwarder(t, "amqp://guest:guest@"+p.Addr()+"/", rabbitmq.Config{})
+	var log fwdtest.Log
+	f := b.forwarder(t, "amqp://guest:guest@"+p.Addr()+"/", rabbitmq.Config{Logger: log.Logger()})
 	ids := env.Publish(t, fwdtest.Messages("orders", 5, 0)...)
 	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
 	p.Cut()
@@ -277,6 +279,9 @@ func TestReconnect(t *testing.T) {
 	ids = append(ids, env.Publish(t, fwdtest.Messages("orders", 5, 0)...)...)
 	env.Drain(t, outbox.RelayConfig{RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders", f.Handler(), time.Minute)
 	count(t, b.read(t), ids)
+	if !strings.Contains(log.String(), "rabbitmq: reconnected") {
+		t.Errorf("log %q, want a reconnect", log.String())
+	}
 }
 
 func TestConfigErrors(t *testing.T) {

@@ -375,3 +375,32 @@ func CheckKeyOrder(t testing.TB, ns []string, keys int) {
 		last[k] = n
 	}
 }
+
+// Log is a buffer to give a logger, safe for concurrent use.
+type Log struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// Logger returns a text logger writing to l.
+func (l *Log) Logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+func (l *Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written.
+func (l *Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Reset forgets what was written.
+func (l *Log) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.Reset()
+}
