@@ -110,6 +110,9 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		if dispatch = r.register(handlersCtx, claimed, dispatch[:0]); len(dispatch) > 0 {
 			sl.running.Add(int64(len(dispatch)))
 			workers.Add(len(dispatch))
+			if len(r.batches) > 0 {
+				dispatch = r.group(dispatch) // a job per batch (batch.go)
+			}
 			queue.push(dispatch)
 			clear(dispatch)
 			lastDispatch = time.Now()
@@ -220,7 +223,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 		start = time.Now()
 	}
 	p := outboxdriver.ClaimParams{
-		Topics: r.topics, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
+		Topics: r.topics, AllTopics: r.all, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
 		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
 	}
 	var claimed []outboxdriver.Claimed

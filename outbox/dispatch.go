@@ -22,12 +22,17 @@ type claimBatch struct {
 	left    atomic.Int64 // handlers not finished yet
 }
 
-// job is a claimed message and its handler's context.
+// job is a claimed message and its handler's context. The messages of one
+// claim for one batch handler are delivered by one job, their first: its
+// group holds them all (itself first), and each other's lead is it (a lost
+// lease of one of them cancels the batch's context, the lead's).
 type job struct {
 	c     *outboxdriver.Claimed
 	b     *claimBatch
 	ctx   handlerCtx
 	ended atomic.Bool // its handler has returned
+	group []*job
+	lead  *job
 }
 
 // handlerCtx is a handler's context: the values of the relay's context

@@ -41,6 +41,23 @@ type Delivery struct {
 // lease is lost; a handler should return promptly then.
 type Handler func(ctx context.Context, d Delivery) error
 
+// BatchHandler handles several deliveries at once and returns one outcome
+// per delivery, in the same order; each outcome means what a [Handler]'s
+// return means (nil done, an error retry with backoff or dead after
+// RelayConfig.MaxAttempts, [RetryAfter]/[RetryAt], [DeadLetter]). A result
+// of another length, or a panic, counts as that error for every delivery
+// of the batch. Register it with [Relay.HandleBatch]; a forwarder to a
+// broker publishes a whole claim with one round trip this way. The relay
+// never calls it with no delivery; it may call it with one.
+type BatchHandler func(ctx context.Context, ds []Delivery) []error
+
+// AllTopics, as the topic of [Relay.Handle] or [Relay.HandleBatch],
+// registers the catch-all handler: the relay claims the messages of every
+// topic, and gives those of topics that have no handler of their own to
+// it (a topic's own handler wins). A message published with the topic
+// "*" itself is handled by the catch-all.
+const AllTopics = "*"
+
 // RetryError asks for a retry at a given time. Build it with [RetryAfter] or
 // [RetryAt].
 type RetryError struct {

@@ -18,7 +18,7 @@ import (
 
 // Middleware wraps a handler: it returns a handler that runs its own code
 // around next (a timeout, a recover, a span, a metric). See
-// [RelayConfig.Middleware].
+// [RelayConfig.Middleware]. It wraps Handlers only, not BatchHandlers.
 type Middleware func(next Handler) Handler
 
 // Outcome is what became of one delivery: the handler's result as the relay

@@ -136,26 +136,17 @@ func (r *Relay) droppedRuns(why string, runs []queuedRun) {
 // message.
 func (r *Relay) deliverOrdered(j *job) bool {
 	c := j.c
-	spent := c.Attempts-c.AttemptsBase > r.cfg.MaxAttempts
+	spent := r.spent(j)
 	if c.KeySeq == 0 && !spent {
 		return false
 	}
 	defer r.finished(j)
-	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
-	expires := time.Now().Add(r.cfg.Lease)
 	if spent {
-		r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase-1)
-		if r.cfg.Observer != nil {
-			r.cfg.Observer.DeadLettered(&j.ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Attempt: c.Attempts - c.AttemptsBase - 1, Reason: DeadMaxAttempts})
-		}
-		s := outboxdriver.Settlement{Fence: head, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}
-		if c.KeySeq == 0 {
-			r.send(queued{s, expires})
-		} else {
-			r.sendRun(queuedRun{outboxdriver.RunOutcome{Head: head, Key: c.Key, Failed: s, Halt: r.halts(c.Topic)}, expires})
-		}
+		r.deadSpent(j)
 		return true
 	}
+	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
+	expires := time.Now().Add(r.cfg.Lease)
 	out := outboxdriver.RunOutcome{Head: head, Key: c.Key, Done: make([]outboxdriver.ID, 0, 1+len(c.Run))}
 	for i := -1; i < len(c.Run); i++ {
 		m, attempts := c, c.Attempts
@@ -181,6 +172,28 @@ func (r *Relay) deliverOrdered(j *job) bool {
 	return true
 }
 
+// spent reports whether the message of j had its attempts (an ordered
+// claim never dead-letters at claim: see deliverOrdered).
+func (r *Relay) spent(j *job) bool { return j.c.Attempts-j.c.AttemptsBase > r.cfg.MaxAttempts }
+
+// deadSpent dead-letters the spent message of j without running a
+// handler: through its key's policy when it is an ordered head.
+func (r *Relay) deadSpent(j *job) {
+	c := j.c
+	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
+	expires := time.Now().Add(r.cfg.Lease)
+	r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase-1)
+	if r.cfg.Observer != nil {
+		r.cfg.Observer.DeadLettered(&j.ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Attempt: c.Attempts - c.AttemptsBase - 1, Reason: DeadMaxAttempts})
+	}
+	s := outboxdriver.Settlement{Fence: head, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}
+	if c.KeySeq == 0 {
+		r.send(queued{s, expires})
+	} else {
+		r.sendRun(queuedRun{outboxdriver.RunOutcome{Head: head, Key: c.Key, Failed: s, Halt: r.halts(c.Topic)}, expires})
+	}
+}
+
 // handleOne runs the handler of message m, delivered for the attempts-th
 // time, and returns its outcome (told to the observer, if any).
 func (r *Relay) handleOne(ctx context.Context, m *outboxdriver.Claimed, attempts int) outboxdriver.Settlement {
@@ -196,7 +209,7 @@ func (r *Relay) handleOne(ctx context.Context, m *outboxdriver.Claimed, attempts
 	}
 	ran := err == nil
 	if ran {
-		err = r.call(ctx, r.handlers[m.Topic], d)
+		err = r.callTopic(ctx, d)
 	}
 	mc := *m
 	mc.Attempts = attempts

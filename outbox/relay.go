@@ -32,9 +32,15 @@ type Relay struct {
 	health   health
 	settleP  outboxdriver.SettleParams
 
-	mu       sync.Mutex
-	handlers map[string]Handler // written before Run only: read without mu after
+	mu sync.Mutex
+	// handlers and batches are the handlers by topic (AllTopics for the
+	// catch-all), each topic in one of them; topics are the topics of
+	// both, AllTopics left out, sorted; all is set when a catch-all is
+	// registered. Written before Run only: read without mu after.
+	handlers map[string]Handler
+	batches  map[string]*batchHandler
 	topics   []string
+	all      bool
 	started  bool
 
 	inflightMu sync.Mutex
@@ -94,6 +100,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
 		settleP:  outboxdriver.SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
 		handlers: map[string]Handler{},
+		batches:  map[string]*batchHandler{},
 		inflight: map[*claimBatch]struct{}{},
 		wake:     make(chan struct{}, 1),
 	}
@@ -125,12 +132,21 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 	return r, nil
 }
 
-// Handle registers h for topic. Each topic has at most one handler; only
-// topics with a handler are claimed, so messages of other topics wait
-// (which keeps rolling deploys safe). Register before Run.
+// Handle registers h for topic. Each topic has at most one handler
+// (registered with Handle or [Relay.HandleBatch]); only topics with a
+// handler are claimed, so messages of other topics wait (which keeps
+// rolling deploys safe). topic [AllTopics] registers the catch-all: the
+// relay then claims the messages of every topic, and those of topics
+// without a handler of their own go to it. Register before Run.
+//
+// It returns a [*ConfigError] for an empty or over-long topic or a nil
+// handler, an error wrapping [ErrDuplicateHandler] for a topic that has a
+// handler, [ErrRelayStarted] once Run has started, and one wrapping
+// [ErrUnsupported] for AllTopics on a dialect that cannot claim every
+// topic.
 func (r *Relay) Handle(topic string, h Handler) error {
-	if err := checkText(0, "Topic", topic, MaxTopicBytes, true); err != nil {
-		return &ConfigError{Field: "topic", Reason: err.(*MessageError).Reason}
+	if err := r.checkTopic(topic); err != nil {
+		return err
 	}
 	if h == nil {
 		return &ConfigError{Field: "handler", Reason: "must not be nil"}
@@ -139,15 +155,68 @@ func (r *Relay) Handle(topic string, h Handler) error {
 	if err != nil {
 		return err
 	}
+	return r.addHandler(topic, func() { r.handlers[topic] = h })
+}
+
+// HandleBatch registers h for topic ([AllTopics] for the catch-all, as
+// with [Relay.Handle]): h gets the messages of each claim for it at once
+// (at most RelayConfig.BatchSize, in claim order) and returns one outcome
+// per message. Attempts, backoff, dead letters, fencing and lease renewal
+// apply to each message as with a [Handler]; the batch's context is
+// cancelled when the lease of any of its messages is lost, and at the end
+// of the shutdown grace period. RelayConfig.Middleware does not wrap batch
+// handlers (it wraps one message's handler); RelayConfig.Observer still
+// sees every message of a batch (HandlerStart before the batch runs,
+// HandlerEnd after, one of each per message; h itself runs with the
+// batch's context, not those HandlerStart returns).
+//
+// With ordered delivery (Config.OrderByKey), a batch holds a claimed head
+// and the run of its key's messages after it, in key order (several keys
+// in one batch, each key's messages in order): the run stops at its first
+// message whose outcome is not nil, and the messages of the key after it
+// are not done whatever their outcomes (they stay blocked and are
+// delivered again, after it), so a key's later message is never settled
+// before an earlier one. A run stops, too, before a message of a topic
+// another handler handles.
+//
+// Its errors are those of Handle.
+func (r *Relay) HandleBatch(topic string, h BatchHandler) error {
+	if err := r.checkTopic(topic); err != nil {
+		return err
+	}
+	if h == nil {
+		return &ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	return r.addHandler(topic, func() { r.batches[topic] = &batchHandler{h: h} })
+}
+
+// checkTopic checks the topic of a registration.
+func (r *Relay) checkTopic(topic string) error {
+	if err := checkText(0, "Topic", topic, MaxTopicBytes, true); err != nil {
+		return &ConfigError{Field: "topic", Reason: err.(*MessageError).Reason}
+	}
+	if topic == AllTopics && !r.ob.caps.AllTopics {
+		return fmt.Errorf("%w: the %s dialect cannot claim every topic (AllTopics)", ErrUnsupported, r.ob.d.Name())
+	}
+	return nil
+}
+
+// addHandler records a handler for topic with add, under r.mu.
+func (r *Relay) addHandler(topic string, add func()) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
 		return ErrRelayStarted
 	}
-	if _, dup := r.handlers[topic]; dup {
+	_, dup := r.handlers[topic]
+	if _, ok := r.batches[topic]; dup || ok {
 		return fmt.Errorf("%w: %q", ErrDuplicateHandler, topic)
 	}
-	r.handlers[topic] = h
+	add()
+	if topic == AllTopics {
+		r.all = true
+		return nil
+	}
 	r.topics = append(r.topics, topic)
 	sort.Strings(r.topics)
 	return nil
@@ -171,7 +240,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		return ErrRelayStarted
 	}
-	if len(r.handlers) == 0 {
+	if len(r.handlers)+len(r.batches) == 0 {
 		r.mu.Unlock()
 		return ErrNoHandlers
 	}
@@ -215,7 +284,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.KeepDelivered > 0 && r.cfg.KeepDelivered != Forever {
 		startBG(r.janitorLoop)
 	}
-	if r.cfg.UnhandledEvery != Forever {
+	if r.cfg.UnhandledEvery != Forever && !r.all { // a catch-all handles every topic
 		startBG(r.unhandledLoop)
 	}
 	stopSettler := make(chan struct{})

@@ -73,7 +73,8 @@ type RelayConfig struct {
 	// SQLite, which has no notifications), else DefaultPollInterval (1s).
 	PollInterval time.Duration
 
-	// BatchSize is the most messages one claim takes. Defaults to
+	// BatchSize is the most messages one claim takes, and so the most a
+	// batch handler (HandleBatch) gets at once. Defaults to
 	// DefaultBatchSize (100).
 	BatchSize int
 
@@ -146,7 +147,8 @@ type RelayConfig struct {
 	// topics it has no handler for (one [Outbox.Stats] query, which scans
 	// the table) and warns about those that have waited over a minute (or
 	// ten poll intervals), at most once an hour per topic. The first look
-	// is five seconds after Run starts. Forever turns it off. Defaults to
+	// is five seconds after Run starts. Forever turns it off; a relay with
+	// a catch-all handler ([AllTopics]) never looks. Defaults to
 	// DefaultUnhandledEvery (5m).
 	UnhandledEvery time.Duration
 
@@ -175,8 +177,10 @@ type RelayConfig struct {
 	Observer RelayObserver
 
 	// Middleware wraps every handler registered with Handle or HandleJSON,
-	// once, at registration: the first element is the outermost. Defaults
-	// to none.
+	// once, at registration: the first element is the outermost. It does
+	// not wrap batch handlers (HandleBatch): a Middleware has the shape of
+	// one message's handler; Observer sees each message of a batch.
+	// Defaults to none.
 	Middleware []Middleware
 }
 

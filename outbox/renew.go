@@ -71,6 +71,9 @@ func (r *Relay) cancelHandler(f outboxdriver.Fence) (topic string, attempt int) 
 		for i := range b.jobs {
 			if j := &b.jobs[i]; j.c.ID == f.ID && j.c.Attempts == f.Attempts {
 				j.ctx.cancel()
+				if j.lead != nil {
+					j.lead.ctx.cancel() // its batch's context
+				}
 				topic, attempt = j.c.Topic, j.c.Attempts-j.c.AttemptsBase
 			}
 		}

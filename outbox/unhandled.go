@@ -30,16 +30,18 @@ type RelayStats struct {
 	Topics []TopicStats
 	// Unhandled are the topics that have due pending messages but no
 	// handler in this relay, sorted. Unless another relay handles them,
-	// those messages wait forever.
+	// those messages wait forever. Empty when the relay has a catch-all
+	// ([AllTopics]): it handles every topic.
 	Unhandled []string
 	// Idle are the topics this relay handles that have no message in the
 	// table, sorted: a handler registered under a topic nobody publishes
-	// (a typo?) shows here, as does a quiet one.
+	// (a typo?) shows here, as does a quiet one. The catch-all is no
+	// topic and never shows here.
 	Idle []string
 	// UnhandledHeads are the topics this relay has no handler for whose
 	// messages head keys that have messages waiting behind them
 	// (Config.OrderByKey), sorted: unless another relay handles them, those
-	// keys wait forever.
+	// keys wait forever. Empty with a catch-all.
 	UnhandledHeads []string
 }
 
@@ -52,11 +54,12 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 		return RelayStats{}, err
 	}
 	rs := RelayStats{Topics: ts}
-	handled := r.handlerTopics() // under r.mu: Stats may run while Handle does
+	handled, all := r.handlerTopics() // under r.mu: Stats may run while Handle does
 	seen := make(map[string]bool, len(ts))
 	for _, s := range ts {
 		seen[s.Topic] = true
 		_, ok := slices.BinarySearch(handled, s.Topic)
+		ok = ok || all // the catch-all handles every topic
 		if !ok && s.OldestPending > 0 {
 			rs.Unhandled = append(rs.Unhandled, s.Topic)
 		}
@@ -74,10 +77,12 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	return rs, nil
 }
 
-func (r *Relay) handlerTopics() []string {
+// handlerTopics returns the topics with handlers of their own, sorted,
+// and whether a catch-all is registered.
+func (r *Relay) handlerTopics() (topics []string, all bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return slices.Clone(r.topics) // sorted by Handle
+	return slices.Clone(r.topics), r.all // sorted by Handle
 }
 
 // unhandledLoop warns, through the relay's logger, about topics whose due
@@ -99,7 +104,7 @@ func (r *Relay) unhandledLoop(ctx context.Context) {
 		}
 		age := r.unhandledAge()
 		for _, s := range ts {
-			if _, ok := r.handlers[s.Topic]; ok || s.OldestPending < age {
+			if slices.Contains(r.topics, s.Topic) || s.OldestPending < age {
 				continue
 			}
 			if time.Since(warned[s.Topic]) < unhandledWarnEvery {

@@ -88,10 +88,18 @@ type slots struct {
 	signalAt int64
 }
 
+// workOne delivers j (its batch, when it leads one) and frees its slots,
+// one per message.
 func (r *Relay) workOne(j *job, workers *sync.WaitGroup, sl *slots) {
-	defer workers.Done()
-	r.deliver(j)
-	if sl.running.Add(-1) == sl.signalAt {
+	n := int64(1)
+	if j.group != nil {
+		n = int64(len(j.group))
+		r.deliverBatch(j)
+	} else {
+		r.deliver(j)
+	}
+	defer workers.Add(-int(n))
+	if left := sl.running.Add(-n); left <= sl.signalAt && left+n > sl.signalAt {
 		select {
 		case sl.freed <- struct{}{}:
 		default:
@@ -105,7 +113,7 @@ func (r *Relay) deliver(j *job) {
 		return
 	}
 	c := j.c
-	h := r.handlers[c.Topic]
+	h := r.handlerOf(c.Topic)
 	defer r.finished(j)
 
 	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts - c.AttemptsBase, CreatedAt: c.CreatedAt}

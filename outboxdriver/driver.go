@@ -66,6 +66,10 @@ type Capabilities struct {
 	// its Insert stores rows with Row.Ordered as described at
 	// [OrderedDialect], which it implements.
 	Ordered bool
+	// AllTopics is true when the dialect's claims (Claim, and ClaimOrdered
+	// when it orders) honour ClaimParams.AllTopics: a relay with a
+	// catch-all handler needs it.
+	AllTopics bool
 }
 
 // Table is the validated name of the outbox table.
@@ -166,7 +170,8 @@ type Listener interface {
 type RelayDialect interface {
 	Dialect
 
-	// Claim takes at most p.Limit due messages of p.Topics in
+	// Claim takes at most p.Limit due messages of p.Topics (of every
+	// topic with p.AllTopics) in
 	// (available_at, id) order, skipping rows locked by other relays, in
 	// one statement (or one short transaction) that commits before it
 	// returns: each claimed row gets state processing, attempts + 1 and a
@@ -239,7 +244,12 @@ const (
 
 // ClaimParams are the parameters of [RelayDialect.Claim].
 type ClaimParams struct {
+	// Topics are the topics to claim. With AllTopics, the claim takes
+	// every topic, and Topics (the topics with handlers of their own,
+	// possibly none) filter nothing: a dialect may use them to reuse
+	// topic strings.
 	Topics      []string
+	AllTopics   bool
 	Limit       int
 	Lease       time.Duration
 	MaxAttempts int

@@ -54,7 +54,8 @@ type OrderedDialect interface {
 	// unordered row through Settle); each claimed row carries its KeySeq;
 	// and each claimed ordered head carries its Run: the blocked messages
 	// that follow it in its key, in key_seq order, stopping before the
-	// first one that is not due or whose topic is not among p.Topics.
+	// first one that is not due or whose topic is not among p.Topics (with
+	// p.AllTopics, every topic is).
 	// runLimit bounds the run members of the whole claim (so its memory):
 	// they are shared among the heads round-robin, each run a prefix of
 	// its key, so that one hot key gets a run of runLimit. The run's rows

@@ -140,7 +140,7 @@ type dialect struct {
 func (*dialect) Name() string { return "mysql" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth}
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.

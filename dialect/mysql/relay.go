@@ -62,13 +62,36 @@ const claimRounds = 4
 // collation ignores trailing spaces); CAST(topic AS BINARY) keeps only the
 // topic's exact bytes.
 func CandidatesSQL(t outboxdriver.Table, topics []string, after Cursor, limit int) string {
+	return candidatesSQL(t, topics, true, after, limit)
+}
+
+// CandidatesAllSQL is CandidatesSQL for a claim of every topic: topics
+// are those TopicsSQL found, each read as the index range of every topic
+// the collation takes as equal to it (so no byte-exact comparison:
+// TopicsSQL returns one topic of each such group).
+func CandidatesAllSQL(t outboxdriver.Table, topics []string, after Cursor, limit int) string {
+	return candidatesSQL(t, topics, false, after, limit)
+}
+
+// TopicsSQL returns the first read of a claim of every topic (a relay
+// with a catch-all handler): the distinct topics of the claim index, a
+// loose index scan (one probe per topic, whatever the rows per topic).
+// MySQL has no partial index, so topics that have only delivered or dead
+// rows are among them: each costs its claim one more empty index probe.
+func TopicsSQL(t outboxdriver.Table) string {
+	return "SELECT DISTINCT topic FROM " + QuoteTable(t) + " FORCE INDEX (`" + t.Name + "_claim_idx`)"
+}
+
+func candidatesSQL(t outboxdriver.Table, topics []string, exact bool, after Cursor, limit int) string {
 	one := func(b *strings.Builder, topic string) {
 		b.WriteString("SELECT id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', claim_at) AS at FROM ")
 		b.WriteString(QuoteTable(t))
 		b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE topic = ")
 		text(b, topic)
-		b.WriteString(" AND " + topicIs + "= ")
-		binary(b, topic)
+		if exact {
+			b.WriteString(" AND " + topicIs + "= ")
+			binary(b, topic)
+		}
 		b.WriteString(" AND claim_at <= " + now)
 		if !after.ID.IsZero() {
 			at := "'1970-01-01' + INTERVAL " + strconv.FormatInt(after.At, 10) + " MICROSECOND"
@@ -102,22 +125,27 @@ type Cursor struct {
 }
 
 // ClaimSQL returns the claim's locking read: at most limit of the
-// candidate rows ids that are still due and of topics, locked by primary
-// key (see [KeysSQL]), skipping rows other transactions hold. It locks only
-// rows it takes, and rows another claim has taken since the candidates
-// were read (it reads them to see that they are no longer due).
+// candidate rows ids that are still due and of topics (of any topic when
+// topics is nil: a claim of every topic), locked by primary key (see
+// [KeysSQL]), skipping rows other transactions hold. It locks only rows
+// it takes, and rows another claim has taken since the candidates were
+// read (it reads them to see that they are no longer due).
 func ClaimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int) string {
 	var b strings.Builder
 	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
 	keys(&b, t, ids)
-	b.WriteString("\nWHERE o.claim_at <= " + now + " AND CAST(o.topic AS BINARY) IN (")
-	for i, topic := range topics {
-		if i > 0 {
-			b.WriteString(", ")
+	b.WriteString("\nWHERE o.claim_at <= " + now)
+	if topics != nil {
+		b.WriteString(" AND CAST(o.topic AS BINARY) IN (")
+		for i, topic := range topics {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			binary(&b, topic)
 		}
-		binary(&b, topic)
+		b.WriteByte(')')
 	}
-	b.WriteString(") LIMIT " + strconv.Itoa(limit) + " FOR UPDATE SKIP LOCKED")
+	b.WriteString(" LIMIT " + strconv.Itoa(limit) + " FOR UPDATE SKIP LOCKED")
 	return b.String()
 }
 
@@ -235,11 +263,20 @@ func (d *dialect) fenced(ctx context.Context, db outboxdriver.DB, op string, f f
 func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	var out []outboxdriver.Claimed
 	var after Cursor
+	topics, candSQL := p.Topics, CandidatesSQL
+	if p.AllTopics {
+		var err error
+		if topics, err = allTopics(ctx, tx, t); err != nil || len(topics) == 0 {
+			return nil, err
+		}
+		candSQL = CandidatesAllSQL
+		p.Topics = nil // the locking read takes any topic
+	}
 	for range claimRounds {
 		need := p.Limit - len(out)
 		// Twice as many candidates as rows wanted: concurrent claims read
 		// the same first candidates, and each locks those left free.
-		cands, err := candidates(ctx, tx, CandidatesSQL(t, p.Topics, after, 2*need))
+		cands, err := candidates(ctx, tx, candSQL(t, topics, after, 2*need))
 		if err != nil || len(cands) == 0 {
 			if err != nil {
 				return nil, err
@@ -279,6 +316,24 @@ func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outb
 		}
 	}
 	return out, nil
+}
+
+// allTopics runs TopicsSQL.
+func allTopics(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table) ([]string, error) {
+	rows, err := tx.QueryDB(ctx, TopicsSQL(t))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for rows.Next() {
+		var topic string
+		if err := rows.Scan(&topic); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, topic)
+	}
+	return out, closeRows(rows)
 }
 
 // candidates runs a CandidatesSQL read.

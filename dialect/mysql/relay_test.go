@@ -262,6 +262,11 @@ func relayStatements(tb outbox.Table, ids []outbox.ID) []relayStatement {
 		{"claim candidates after a cursor", mysql.CandidatesSQL(tb, []string{"t1"}, mysql.Cursor{At: 1, ID: ids[0]}, 100), "outbox_claim_idx"},
 		{"claim candidates of two topics", mysql.CandidatesSQL(tb, []string{"t1", "t2"}, mysql.Cursor{}, 100), "outbox_claim_idx"},
 		{"claim lock", mysql.ClaimSQL(tb, []string{"t1", "t2"}, ids, 2), "PRIMARY"},
+		// A claim of every topic (a catch-all handler): the topics by a
+		// loose scan of the claim index, then each topic's range.
+		{"claim topics of every topic", mysql.TopicsSQL(tb), "outbox_claim_idx"},
+		{"claim candidates of every topic", mysql.CandidatesAllSQL(tb, []string{"t1", "t2", "t3"}, mysql.Cursor{}, 100), "outbox_claim_idx"},
+		{"claim lock of every topic", mysql.ClaimSQL(tb, nil, ids, 2), "PRIMARY"},
 		{"claim update", updates[0], "PRIMARY"},
 		{"claim dead-letter", updates[1], "PRIMARY"},
 		{"fence lock", mysql.LockSQL(tb, ids), "PRIMARY"},

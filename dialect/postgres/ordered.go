@@ -187,7 +187,7 @@ FROM v JOIN k ON k.message_key = v.k WHERE o.id = v.id`, []any{textArray(s)}
 // then, for each claimed ordered head, its run: up to $8 blocked messages
 // that follow it in its key (through the index on (message_key,
 // key_seq)), cut before the first that is not due or whose topic is not
-// among $7 (a text[] literal). $8 also bounds the run members of the
+// among $7 (a text[] literal; NULL with topics AllTopics: every topic). $8 also bounds the run members of the
 // whole claim: they are shared among the heads round-robin (every head's
 // first, then every head's second...), so each run stays a prefix of its
 // key and a claim of many busy keys holds at most its heads and $8 more
@@ -200,6 +200,11 @@ func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
+	// Every topic: $7 is NULL, and no topic cuts a run.
+	inTopics := `b.topic = ANY($7::text[])`
+	if topics == AllTopics {
+		inTopics = `coalesce(b.topic = ANY($7::text[]), true)`
+	}
 	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `,
 heads AS (
     SELECT c.id, s.message_key AS hk, s.key_seq AS hseq FROM claimed c JOIN ` + tbl + ` s ON s.id = c.id
@@ -208,7 +213,7 @@ run AS (
     SELECT h.id AS head, r.*, row_number() OVER (PARTITION BY h.id ORDER BY r.key_seq) AS pos FROM heads h CROSS JOIN LATERAL (
         SELECT x.* FROM (
             SELECT b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq,
-                bool_and(b.available_at <= now() AND b.topic = ANY($7::text[])) OVER (ORDER BY b.key_seq) AS ok
+                bool_and(b.available_at <= now() AND ` + inTopics + `) OVER (ORDER BY b.key_seq) AS ok
             FROM ` + tbl + ` b
             WHERE b.message_key = h.hk AND b.key_seq > h.hseq AND b.state = 'blocked'
             ORDER BY b.key_seq
@@ -226,11 +231,11 @@ ORDER BY 1, 11`
 
 // orderedClaimTexts are OrderedClaimSQL's statements by topic form,
 // deleting or keeping carried successes.
-type orderedClaimTexts struct{ del, keep [2]string }
+type orderedClaimTexts struct{ del, keep [3]string }
 
 var orderedClaims = sqlbuild.NewTexts(func(t outboxdriver.Table) orderedClaimTexts {
 	var c orderedClaimTexts
-	for form, topics := range []int{1, 2} {
+	for form, topics := range topicForms {
 		c.del[form] = OrderedClaimSQL(t, topics, false)
 		c.keep[form] = OrderedClaimSQL(t, topics, true)
 	}
@@ -238,17 +243,17 @@ var orderedClaims = sqlbuild.NewTexts(func(t outboxdriver.Table) orderedClaimTex
 })
 
 func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, runLimit int) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
-	ct, form := orderedClaims.Get(t), topicForm(p.Topics)
+	ct, form := orderedClaims.Get(t), topicForm(p)
 	q := ct.del[form]
 	if p.KeepDelivered {
 		q = ct.keep[form]
 	}
-	var topic any = textArray(p.Topics)
-	if form == 0 {
-		topic = p.Topics[0]
+	var runTopics any = textArray(p.Topics)
+	if form == 2 {
+		runTopics = nil // every topic
 	}
 	ids, attempts := fenceArrays(p.Done)
-	rows, err := db.QueryDB(ctx, q, topic, p.Limit, p.Lease.Seconds(), math.MaxInt32, ids, attempts, textArray(p.Topics), max(runLimit, 0))
+	rows, err := db.QueryDB(ctx, q, topicsArg(p, form), p.Limit, p.Lease.Seconds(), math.MaxInt32, ids, attempts, runTopics, max(runLimit, 0))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -12,6 +12,10 @@ import (
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
+// AllTopics, as the topics of ClaimSQL, ClaimSettleSQL and
+// OrderedClaimSQL, makes a claim of every topic.
+const AllTopics = -1
+
 // textArray writes ss as a PostgreSQL text[] literal (see arrayLiteral).
 func textArray(ss []string) string {
 	return arrayLiteral(len(ss), func(i int) (string, bool) { return ss[i], true })
@@ -50,6 +54,13 @@ func textArray(ss []string) string {
 // PostgreSQL assumes no order out of a row lock, so the merge is a sort
 // above the locks; and locking after the merge would make relays of the
 // same topics pick the same candidates and skip each other's.)
+//
+// topics AllTopics claims every topic (a relay with a catch-all handler):
+// $1 is ” and the topics are those of the live rows, found by a skip scan
+// of the claim index (a recursive CTE: the first live topic after $1, then
+// the first after that, one index probe per topic), and claimed as several
+// topics are. So a claim of every topic reads, per topic, one probe and at
+// most $2 rows, as if every topic were registered.
 func ClaimSQL(t outboxdriver.Table, topics int) string {
 	return claimCTE(t, "", topics) + `
 SELECT ` + claimedColumns + ` FROM claimed`
@@ -111,12 +122,23 @@ func claimCTE(t outboxdriver.Table, done string, topics int) string {
 	const spent = `o.attempts - o.attempts_base >= $4`
 	with, after, skip := `WITH `, "", ""
 	// The one topic, or each of several (see ClaimSQL).
-	topic := `topic = $1`
-	if topics > 1 {
+	topic, list := `topic = $1`, `unnest($1::text[]) AS t(topic)`
+	if topics > 1 || topics == AllTopics {
 		topic = `topic = t.topic`
 	}
+	live := ""
+	if topics == AllTopics {
+		with = `WITH RECURSIVE `
+		live = `live AS (
+    (SELECT topic FROM ` + tbl + ` WHERE topic > $1::text AND state IN ('pending', 'processing') ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.topic FROM ` + tbl + ` AS o WHERE o.topic > live.topic AND o.state IN ('pending', 'processing') ORDER BY o.topic LIMIT 1)
+    FROM live WHERE live.topic IS NOT NULL),
+`
+		list = `live AS t(topic)`
+	}
 	if done != "" {
-		with = `WITH done AS (` + done + `),
+		with += `done AS (` + done + `),
 `
 		after = `
       AND (SELECT count(*) FROM done) >= 0`
@@ -127,8 +149,8 @@ func claimCTE(t outboxdriver.Table, done string, topics int) string {
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED`
-	if topics > 1 {
-		due = `SELECT x.ctid FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
+	if topics > 1 || topics == AllTopics {
+		due = `SELECT x.ctid FROM ` + list + ` CROSS JOIN LATERAL (
     SELECT ctid, available_at, id FROM ` + tbl + `
     WHERE ` + topic + ` AND state IN ('pending', 'processing') AND available_at <= now()` + after + `
     ORDER BY available_at, id
@@ -137,7 +159,7 @@ func claimCTE(t outboxdriver.Table, done string, topics int) string {
     ORDER BY x.available_at, x.id
     LIMIT $2`
 	}
-	return with + `due AS MATERIALIZED (
+	return with + live + `due AS MATERIALIZED (
     ` + due + `),
 claimed AS (
     UPDATE ` + tbl + ` AS o SET
@@ -162,15 +184,33 @@ type relayTexts struct {
 // claimTexts are a claim's statements, indexed by topicForm: ClaimSQL,
 // and ClaimSettleSQL deleting or keeping the successes.
 type claimTexts struct {
-	claim, claimDelete, claimKeep [2]string
+	claim, claimDelete, claimKeep [3]string
 }
 
-// topicForm is 0 for a claim of one topic, 1 for several.
-func topicForm(topics []string) int {
-	if len(topics) == 1 {
+// topicForms are the topics argument of ClaimSQL for each topicForm.
+var topicForms = [3]int{1, 2, AllTopics}
+
+// topicForm is 0 for a claim of one topic, 1 for several, 2 for every
+// topic.
+func topicForm(p outboxdriver.ClaimParams) int {
+	switch {
+	case p.AllTopics:
+		return 2
+	case len(p.Topics) == 1:
 		return 0
 	}
 	return 1
+}
+
+// topicsArg is ClaimSQL's $1 for the claim p in topic form form.
+func topicsArg(p outboxdriver.ClaimParams, form int) any {
+	switch form {
+	case 0:
+		return p.Topics[0]
+	case 2:
+		return ""
+	}
+	return textArray(p.Topics)
 }
 
 // settleTexts are SettleSQL's statements.
@@ -182,7 +222,7 @@ func newTexts() relayTexts {
 	return relayTexts{
 		claim: sqlbuild.NewTexts(func(t outboxdriver.Table) claimTexts {
 			var c claimTexts
-			for form, topics := range []int{1, 2} {
+			for form, topics := range topicForms {
 				c.claim[form] = ClaimSQL(t, topics)
 				c.claimDelete[form] = ClaimSettleSQL(t, topics, false)
 				c.claimKeep[form] = ClaimSettleSQL(t, topics, true)
@@ -200,13 +240,9 @@ func newTexts() relayTexts {
 }
 
 func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
-	ct, form := d.texts.claim.Get(t), topicForm(p.Topics)
+	ct, form := d.texts.claim.Get(t), topicForm(p)
 	q := ct.claim[form]
-	var topics any = textArray(p.Topics)
-	if form == 0 {
-		topics = p.Topics[0]
-	}
-	args := []any{topics, p.Limit, p.Lease.Seconds(), p.MaxAttempts}
+	args := []any{topicsArg(p, form), p.Limit, p.Lease.Seconds(), p.MaxAttempts}
 	if len(p.Done) > 0 {
 		q = ct.claimDelete[form]
 		if p.KeepDelivered {

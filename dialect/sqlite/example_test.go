@@ -241,3 +241,74 @@ func Example_relayStats() {
 	// due, without a handler here: [order.shipped]
 	// handled, without messages: [order.shiped]
 }
+
+// A batch handler registered as the catch-all (outbox.AllTopics) gets the
+// messages of every topic a claim took at once, and returns one outcome
+// per message: here, as a forwarder to a broker would, it publishes the
+// whole batch with one round trip and fails the message the "broker"
+// refused, which is retried on its own.
+func Example_handleBatch() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
+	if err != nil {
+		panic(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback()
+	if _, err := ob.PublishBatch(ctx, sqltx.From(tx), []outbox.Message{
+		{Topic: "order.placed", Key: "A-1"},
+		{Topic: "order.paid", Key: "A-1"},
+		{Topic: "invoice.sent", Key: "B-7"},
+	}); err != nil {
+		panic(err)
+	}
+	if err := tx.Commit(); err != nil {
+		panic(err)
+	}
+
+	relay, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{
+		RetryBase: time.Millisecond, RetryCap: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		panic(err)
+	}
+	delivered := make(chan struct{})
+	calls := 0
+	_ = relay.HandleBatch(outbox.AllTopics, func(ctx context.Context, ds []outbox.Delivery) []error {
+		calls++
+		errs := make([]error, len(ds))
+		for i, d := range ds {
+			if d.Topic == "invoice.sent" && d.Attempt == 1 {
+				errs[i] = errors.New("broker refused it")
+			}
+			fmt.Printf("batch %d: %s %s attempt %d\n", calls, d.Topic, d.Key, d.Attempt)
+		}
+		if calls == 2 {
+			close(delivered)
+		}
+		return errs
+	})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	<-delivered
+	stop()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	var left int
+	_ = db.QueryRowContext(ctx, `SELECT count(*) FROM outbox`).Scan(&left)
+	fmt.Println("messages left:", left)
+	// Output:
+	// batch 1: order.placed A-1 attempt 1
+	// batch 1: order.paid A-1 attempt 1
+	// batch 1: invoice.sent B-7 attempt 1
+	// batch 2: invoice.sent B-7 attempt 2
+	// messages left: 0
+}

@@ -23,10 +23,23 @@ import (
 
 // ClaimSQL returns the claim statement for table t: ?1 topics (JSON array),
 // ?2 limit, ?3 lease in milliseconds, ?4 max attempts.
-func ClaimSQL(t outboxdriver.Table) string {
+func ClaimSQL(t outboxdriver.Table) string { return claimSQL(t, true) }
+
+// ClaimAllSQL is ClaimSQL for a claim of every topic (a relay with a
+// catch-all handler): no topic filter (?1 is not read). The claim index,
+// (available_at, id), does not lead with the topic: both forms read it
+// in claim order.
+func ClaimAllSQL(t outboxdriver.Table) string { return claimSQL(t, false) }
+
+func claimSQL(t outboxdriver.Table, byTopic bool) string {
 	tbl := QuoteTable(t)
 	// spent: the row had its ?4 attempts since its last redrive.
 	const spent = `attempts - attempts_base >= ?4`
+	topics := `
+      AND topic IN (SELECT value FROM json_each(?1))`
+	if !byTopic {
+		topics = ""
+	}
 	return `UPDATE ` + tbl + ` SET
     state        = CASE WHEN ` + spent + ` THEN 'dead' ELSE 'processing' END,
     settled_at   = CASE WHEN ` + spent + ` THEN ` + now + ` END,
@@ -35,8 +48,7 @@ func ClaimSQL(t outboxdriver.Table) string {
     attempts     = CASE WHEN ` + spent + ` THEN attempts ELSE attempts + 1 END
 WHERE rowid IN (
     SELECT rowid FROM ` + tbl + `
-    WHERE state IN ('pending', 'processing') AND available_at <= ` + now + `
-      AND topic IN (SELECT value FROM json_each(?1))
+    WHERE state IN ('pending', 'processing') AND available_at <= ` + now + topics + `
     ORDER BY available_at, id
     LIMIT ?2)
 RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, attempts_base, state, created_at`
@@ -98,7 +110,7 @@ func jsonText(v any) string {
 // relayTexts caches the relay's statements per table (built once, not on
 // every claim, settle and renewal).
 type relayTexts struct {
-	claim  *sqlbuild.Texts[string]
+	claim  *sqlbuild.Texts[[2]string] // ClaimSQL, ClaimAllSQL
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
 	purge  *sqlbuild.Texts[string]
@@ -111,7 +123,7 @@ type settleTexts struct {
 
 func newTexts() relayTexts {
 	return relayTexts{
-		claim: sqlbuild.NewTexts(ClaimSQL),
+		claim: sqlbuild.NewTexts(func(t outboxdriver.Table) [2]string { return [2]string{ClaimSQL(t), ClaimAllSQL(t)} }),
 		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) (st settleTexts) {
 			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
 			return st
@@ -139,7 +151,11 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 }
 
 func (d *dialect) claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
-	rows, err := db.QueryDB(ctx, d.texts.claim.Get(t), jsonText(p.Topics), p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
+	q, topics := d.texts.claim.Get(t)[0], jsonText(p.Topics)
+	if p.AllTopics {
+		q, topics = d.texts.claim.Get(t)[1], "[]"
+	}
+	rows, err := db.QueryDB(ctx, q, topics, p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
 	if err != nil {
 		return nil, err
 	}

@@ -88,7 +88,7 @@ type dialect struct {
 func (*dialect) Name() string { return "sqlite" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval}
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true}
 }
 
 // QuoteTable returns t as a quoted identifier.

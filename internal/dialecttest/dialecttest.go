@@ -85,7 +85,7 @@ func Run(t *testing.T, h Harness) {
 		{"RelayStats", relayStats},
 		{"RetryAtClamped", retryAtClamped},
 		{"UnlimitedAttempts", unlimitedAttempts},
-	}, inspectCases...) {
+	}, append(batchCases, inspectCases...)...) {
 		t.Run(tc.name, func(t *testing.T) {
 			if h.Parallel {
 				t.Parallel()
@@ -129,6 +129,20 @@ func idIs(id outbox.ID) string { return fmt.Sprintf("id = '%s'", id) }
 
 func (e *env) relay(t *testing.T, cfg outbox.RelayConfig, handlers map[string]outbox.Handler) (stop func()) {
 	t.Helper()
+	return e.relayWith(t, cfg, func(r *outbox.Relay) error {
+		for topic, h := range handlers {
+			if err := r.Handle(topic, h); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// relayWith runs a relay with cfg (short polls and backoffs by default)
+// whose handlers register registers.
+func (e *env) relayWith(t *testing.T, cfg outbox.RelayConfig, register func(r *outbox.Relay) error) (stop func()) {
+	t.Helper()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 20 * time.Millisecond
 	}
@@ -140,10 +154,8 @@ func (e *env) relay(t *testing.T, cfg outbox.RelayConfig, handlers map[string]ou
 	if err != nil {
 		t.Fatal(err)
 	}
-	for topic, h := range handlers {
-		if err := r.Handle(topic, h); err != nil {
-			t.Fatal(err)
-		}
+	if err := register(r); err != nil {
+		t.Fatal(err)
 	}
 	return StartRelay(t, r)
 }

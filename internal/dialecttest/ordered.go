@@ -35,6 +35,8 @@ var orderedCases = []struct {
 	{"OrderedStats", orderedStats},
 	{"OrderedSettleWaitsForPublisher", orderedSettleWaitsForPublisher},
 	{"OrderedSpentHead", orderedSpentHead},
+	{"OrderedClaimAllTopics", orderedClaimAllTopics},
+	{"OrderedBatchRun", orderedBatchRun},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
