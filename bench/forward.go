@@ -137,7 +137,7 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 
 // forwardRelay runs one relay (default configuration, as relays() builds
 // them) with h for topic "bench" until the table is empty.
-func forwardRelay(ctx context.Context, ob *outbox.Outbox, h func(context.Context, []outbox.Delivery) []error) {
+func forwardRelay(ctx context.Context, ob *outbox.Outbox, h outbox.BatchHandler) {
 	p, err := pgxpool.New(ctx, *url)
 	check(err)
 	defer p.Close()
@@ -146,7 +146,7 @@ func forwardRelay(ctx context.Context, ob *outbox.Outbox, h func(context.Context
 	finished := make(chan struct{})
 	r, err := ob.Relay(pgxtx.FromPool(p), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff})
 	check(err)
-	check(handleBatch(r, "bench", func(ctx context.Context, ds []outbox.Delivery) []error {
+	check(r.HandleBatch("bench", func(ctx context.Context, ds []outbox.Delivery) []error {
 		out := h(ctx, ds)
 		var ok int64
 		for _, err := range out {

@@ -127,7 +127,7 @@ func New(js jetstream.JetStream, cfg Config) (*Forwarder, error) {
 // the key's later messages in the batch are retried without being
 // published, so a retry cannot put a key's messages on the stream out of
 // order (with Config.OrderByKey the relay hands them over in order).
-func (f *Forwarder) Handler() BatchHandler {
+func (f *Forwarder) Handler() outbox.BatchHandler {
 	return f.forward
 }
 

@@ -230,7 +230,7 @@ func (f *Forwarder) give(c *channel) {
 // next one of a key is published after the previous one's confirm, and
 // after a failure the key's later messages in the batch are retried
 // without being published.
-func (f *Forwarder) Handler() BatchHandler {
+func (f *Forwarder) Handler() outbox.BatchHandler {
 	return f.forward
 }
 

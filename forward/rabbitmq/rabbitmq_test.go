@@ -39,7 +39,7 @@ func rabbitURL(t testing.TB) string {
 }
 
 // broker is one test's exchange (direct) and durable queue bound to it
-// with routing key "orders", deleted when the test ends.
+// with routing keys "orders" and "mail", deleted when the test ends.
 type broker struct {
 	url      string
 	exchange string
@@ -68,8 +68,10 @@ func newBroker(t testing.TB) *broker {
 	if _, err := b.ch.QueueDeclare(b.queue, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ch.QueueBind(b.queue, "orders", b.exchange, false, nil); err != nil {
-		t.Fatal(err)
+	for _, key := range []string{"orders", "mail"} {
+		if err := b.ch.QueueBind(b.queue, key, b.exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		_, _ = b.ch.QueueDelete(b.queue, false, false, false)
@@ -137,9 +139,10 @@ func TestForward(t *testing.T) {
 	b := newBroker(t)
 	env := fwdtest.New(t, false)
 	f := b.forwarder(t, "", rabbitmq.Config{})
-	msgs := fwdtest.Messages("orders", 500, 0)
+	msgs := append(fwdtest.Messages("orders", 500, 0), fwdtest.Messages("mail", 100, 0)...)
 	ids := env.Publish(t, msgs...)
-	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+	// One registration for every topic.
+	env.Drain(t, outbox.RelayConfig{}, outbox.AllTopics, f.Handler(), time.Minute)
 
 	got := b.read(t)
 	for id, n := range count(t, got, ids) {
@@ -147,13 +150,18 @@ func TestForward(t *testing.T) {
 			t.Errorf("message %s is in the queue %d times", id, n)
 		}
 	}
+	types := map[string]int{}
 	for i, m := range got {
-		if m.DeliveryMode != amqp.Persistent || m.Type != "orders" || m.Timestamp.IsZero() {
-			t.Errorf("message %d: delivery mode %d, type %q, timestamp %v; want persistent, orders, set", i, m.DeliveryMode, m.Type, m.Timestamp)
+		types[m.Type]++
+		if m.DeliveryMode != amqp.Persistent || m.RoutingKey != m.Type || m.Timestamp.IsZero() {
+			t.Errorf("message %d: delivery mode %d, routing key %q, type %q, timestamp %v; want persistent, the topic twice, set", i, m.DeliveryMode, m.RoutingKey, m.Type, m.Timestamp)
 		}
 		if m.Headers["n"] == nil {
 			t.Errorf("message %d: headers %v, want n", i, m.Headers)
 		}
+	}
+	if types["orders"] != 500 || types["mail"] != 100 {
+		t.Errorf("messages per topic %v, want 500 orders and 100 mail", types)
 	}
 }
 

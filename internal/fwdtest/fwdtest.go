@@ -27,8 +27,8 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-// BatchHandler is the shape of outbox.BatchHandler.
-type BatchHandler = func(ctx context.Context, ds []outbox.Delivery) []error
+// BatchHandler is outbox.BatchHandler.
+type BatchHandler = outbox.BatchHandler
 
 // Env is one outbox table on the test PostgreSQL.
 type Env struct {
@@ -118,7 +118,7 @@ func (e *Env) Relay(t testing.TB, cfg outbox.RelayConfig, topic string, h BatchH
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := handleBatch(r, topic, h); err != nil {
+	if err := r.HandleBatch(topic, h); err != nil {
 		t.Fatal(err)
 	}
 	return r
