@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,7 +75,8 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	brokers := []broker{
 		{name: "NATS JetStream", sides: []side{
-			{"oncommit natsfwd", func(ob *outbox.Outbox) { forwardRelay(ctx, ob, natsFwd.Handler()) }},
+			{"oncommit natsfwd", func(ob *outbox.Outbox) { forwardRelay(ctx, ob, 0, natsFwd.Handler()) }},
+			{"oncommit natsfwd, Concurrency 400", func(ob *outbox.Outbox) { forwardRelay(ctx, ob, 400, natsFwd.Handler()) }},
 			{"hand loop, 1 worker", func(ob *outbox.Outbox) { handLoop(ctx, pool, ob, 1, natsPublisher(js, subject)) }},
 			{"hand loop, 4 workers", func(ob *outbox.Outbox) { handLoop(ctx, pool, ob, 4, natsPublisher(js, subject)) }},
 		}, stored: func() int {
@@ -83,7 +85,8 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 			return int(i.State.Msgs)
 		}, reset: func() { check(st.Purge(ctx)) }},
 		{name: "RabbitMQ", sides: []side{
-			{"oncommit rabbitmq", func(ob *outbox.Outbox) { forwardRelay(ctx, ob, rabbitFwd.Handler()) }},
+			{"oncommit rabbitmq", func(ob *outbox.Outbox) { forwardRelay(ctx, ob, 0, rabbitFwd.Handler()) }},
+			{"oncommit rabbitmq, Concurrency 400", func(ob *outbox.Outbox) { forwardRelay(ctx, ob, 400, rabbitFwd.Handler()) }},
 			{"hand loop, 1 worker", func(ob *outbox.Outbox) { handLoop(ctx, pool, ob, 1, rabbitPublisher(conn, queue)) }},
 			{"hand loop, 4 workers", func(ob *outbox.Outbox) { handLoop(ctx, pool, ob, 4, rabbitPublisher(conn, queue)) }},
 		}, stored: func() int {
@@ -120,31 +123,43 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 				}
 				k := b.name + " | " + s.name
 				got[k] = append(got[k], float64(*n)/secs)
-				fmt.Printf("round %d %-40s %8.0f msg/s (%.2fs, %d on the broker)\n", round, k, float64(*n)/secs, secs, stored)
+				fmt.Printf("round %d %-52s %8.0f msg/s (%.2fs, %d on the broker)\n", round, k, float64(*n)/secs, secs, stored)
 			}
 		}
 	}
-	fmt.Printf("\nmedians of %d rounds (min-max); ratio = oncommit / hand loop medians\n", *rounds)
+	fmt.Printf("\nmedians of %d rounds (min-max); ratios = oncommit / hand loop medians\n", *rounds)
 	for _, b := range brokers {
-		fw := got[b.name+" | "+b.sides[0].name]
-		fmt.Printf("%-16s %-22s %7.0f msg/s (%.0f-%.0f)\n", b.name, b.sides[0].name, median(fw), slices.Min(fw), slices.Max(fw))
-		for _, s := range b.sides[1:] {
-			h := got[b.name+" | "+s.name]
-			fmt.Printf("%-16s %-22s %7.0f msg/s (%.0f-%.0f)  oncommit/this = %.2fx\n", b.name, s.name, median(h), slices.Min(h), slices.Max(h), median(fw)/median(h))
+		var hands []string
+		for _, s := range b.sides {
+			if strings.HasPrefix(s.name, "hand") {
+				hands = append(hands, s.name)
+			}
+		}
+		for _, s := range b.sides {
+			v := got[b.name+" | "+s.name]
+			line := fmt.Sprintf("%-16s %-36s %7.0f msg/s (%.0f-%.0f)", b.name, s.name, median(v), slices.Min(v), slices.Max(v))
+			if !strings.HasPrefix(s.name, "hand") {
+				for _, h := range hands {
+					line += fmt.Sprintf("  vs %s %.2fx", strings.TrimPrefix(h, "hand loop, "), median(v)/median(got[b.name+" | "+h]))
+				}
+			}
+			fmt.Println(line)
 		}
 	}
 }
 
 // forwardRelay runs one relay (default configuration, as relays() builds
-// them) with h for topic "bench" until the table is empty.
-func forwardRelay(ctx context.Context, ob *outbox.Outbox, h outbox.BatchHandler) {
+// them, with Concurrency concurrency when not 0: with the default
+// BatchSize of 100, 200 runs two batches at once, 400 four) with h for
+// topic "bench" until the table is empty.
+func forwardRelay(ctx context.Context, ob *outbox.Outbox, concurrency int, h outbox.BatchHandler) {
 	p, err := pgxpool.New(ctx, *url)
 	check(err)
 	defer p.Close()
 	check(p.Ping(ctx))
 	var done atomic.Int64
 	finished := make(chan struct{})
-	r, err := ob.Relay(pgxtx.FromPool(p), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff})
+	r, err := ob.Relay(pgxtx.FromPool(p), outbox.RelayConfig{Logger: quiet, PollInterval: 20 * time.Millisecond, Listen: outbox.ListenOff, Concurrency: concurrency})
 	check(err)
 	check(r.HandleBatch("bench", func(ctx context.Context, ds []outbox.Delivery) []error {
 		out := h(ctx, ds)
