@@ -176,8 +176,8 @@ func (r *Relay) Handle(topic string, h Handler) error {
 // message whose outcome is not nil, and the messages of the key after it
 // are not done whatever their outcomes (they stay blocked and are
 // delivered again, after it), so a key's later message is never settled
-// before an earlier one. A run stops, too, before a message of a topic
-// another handler handles.
+// before an earlier one (the observer sees those with OutcomeRetry). A
+// run stops, too, before a message of a topic another handler handles.
 //
 // Its errors are those of Handle.
 func (r *Relay) HandleBatch(topic string, h BatchHandler) error {
