@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +95,21 @@ func (b *broker) forwarder(t testing.TB, url string, cfg rabbitmq.Config) *rabbi
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// proxy returns a fault proxy in front of b's broker and the URL to reach
+// the broker through it.
+func (b *broker) proxy(t testing.TB) (*fwdtest.Proxy, string) {
+	t.Helper()
+	u, err := amqp.ParseURI(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := fwdtest.NewProxy(t, net.JoinHostPort(u.Host, strconv.Itoa(u.Port)))
+	host, port, _ := net.SplitHostPort(p.Addr())
+	u.Host = host
+	u.Port, _ = strconv.Atoi(port)
+	return p, u.String()
 }
 
 // read takes every message in b's queue, in queue order.
@@ -204,11 +221,8 @@ func TestConnectionCut(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t)
 	env := fwdtest.New(t, false)
-	p := fwdtest.NewProxy(t, "127.0.0.1:5672")
-	if u, err := amqp.ParseURI(b.url); err != nil || u.Host != "127.0.0.1" || u.Port != 5672 {
-		t.Skipf("the proxy forwards to 127.0.0.1:5672, the broker is at %s", b.url)
-	}
-	f := b.forwarder(t, "amqp://guest:guest@"+p.Addr()+"/", rabbitmq.Config{ConfirmTimeout: 2 * time.Second})
+	p, url := b.proxy(t)
+	f := b.forwarder(t, url, rabbitmq.Config{ConfirmTimeout: 2 * time.Second})
 	ids := env.Outage(t, f.Handler(), 100*time.Millisecond, p.Cut, p.Restore)
 	dup := 0
 	for _, k := range count(t, b.read(t), ids) {
@@ -277,9 +291,9 @@ func TestReconnect(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t)
 	env := fwdtest.New(t, false)
-	p := fwdtest.NewProxy(t, "127.0.0.1:5672")
+	p, url := b.proxy(t)
 	var log fwdtest.Log
-	f := b.forwarder(t, "amqp://guest:guest@"+p.Addr()+"/", rabbitmq.Config{Logger: log.Logger()})
+	f := b.forwarder(t, url, rabbitmq.Config{Logger: log.Logger()})
 	ids := env.Publish(t, fwdtest.Messages("orders", 5, 0)...)
 	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
 	p.Cut()
