@@ -95,7 +95,7 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 			return q.Messages
 		}, reset: func() { _, err := admin.QueuePurge(queue, false); check(err) }},
 	}
-	got := map[string][]float64{}
+	got, cpus := map[string][]float64{}, map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		for _, b := range brokers {
 			sides := slices.Clone(b.sides)
@@ -106,9 +106,11 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 				b.reset()
 				ob := table(ctx, pool, "forward")
 				fill(ctx, pool, ob, *n, "bench")
+				cpu0 := processCPU()
 				t0 := time.Now()
 				s.run(ob)
 				secs := time.Since(t0).Seconds()
+				cpu := float64((processCPU() - cpu0).Nanoseconds()) / 1e3 / float64(*n)
 				if left := remaining(ctx, pool, ob); left != 0 {
 					check(fmt.Errorf("%s / %s left %d rows", b.name, s.name, left))
 				}
@@ -123,7 +125,8 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 				}
 				k := b.name + " | " + s.name
 				got[k] = append(got[k], float64(*n)/secs)
-				fmt.Printf("round %d %-52s %8.0f msg/s (%.2fs, %d on the broker)\n", round, k, float64(*n)/secs, secs, stored)
+				cpus[k] = append(cpus[k], cpu)
+				fmt.Printf("round %d %-52s %8.0f msg/s (%.2fs, %d on the broker)  client CPU %5.1f µs/msg\n", round, k, float64(*n)/secs, secs, stored, cpu)
 			}
 		}
 	}
@@ -137,7 +140,8 @@ func forwardBench(ctx context.Context, pool *pgxpool.Pool) {
 		}
 		for _, s := range b.sides {
 			v := got[b.name+" | "+s.name]
-			line := fmt.Sprintf("%-16s %-36s %7.0f msg/s (%.0f-%.0f)", b.name, s.name, median(v), slices.Min(v), slices.Max(v))
+			c := cpus[b.name+" | "+s.name]
+			line := fmt.Sprintf("%-16s %-36s %7.0f msg/s (%.0f-%.0f), client CPU %.1f µs/msg (%.1f-%.1f)", b.name, s.name, median(v), slices.Min(v), slices.Max(v), median(c), slices.Min(c), slices.Max(c))
 			if !strings.HasPrefix(s.name, "hand") {
 				for _, h := range hands {
 					line += fmt.Sprintf("  vs %s %.2fx", strings.TrimPrefix(h, "hand loop, "), median(v)/median(got[b.name+" | "+h]))
