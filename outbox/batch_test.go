@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -167,5 +168,87 @@ func TestBatchLeaseLost(t *testing.T) {
 	}
 	if wrapped != 0 {
 		t.Errorf("middleware wrapped a batch handler %d times", wrapped)
+	}
+}
+
+// limitDialect is memDialect that records the limit of every claim that
+// took messages.
+type limitDialect struct {
+	*memDialect
+	mu     sync.Mutex
+	limits []int
+}
+
+func (d *limitDialect) Claim(ctx context.Context, db outbox.DB, t outbox.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
+	cs, done, err := d.memDialect.Claim(ctx, db, t, p)
+	if len(cs) > 0 {
+		d.mu.Lock()
+		d.limits = append(d.limits, p.Limit)
+		d.mu.Unlock()
+	}
+	return cs, done, err
+}
+
+// TestBatchHoldsSlots: a running batch holds one Concurrency slot per
+// message, so no claim comes while it fills them; every slot is free again
+// after it.
+func TestBatchHoldsSlots(t *testing.T) {
+	d := &limitDialect{memDialect: &memDialect{payload: []byte(`{}`)}}
+	for range 12 {
+		d.ids = append(d.ids, outbox.NewID())
+	}
+	d.left.Store(12)
+	ob, err := outbox.New(d, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ob.Relay(nopDB{}, outbox.RelayConfig{Listen: outbox.ListenOff, PollInterval: 5 * time.Millisecond, Concurrency: 4, BatchSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	sizes := []int{}
+	if err := r.HandleBatch("t", func(_ context.Context, ds []outbox.Delivery) []error {
+		mu.Lock()
+		sizes = append(sizes, len(ds))
+		first := len(sizes) == 1
+		mu.Unlock()
+		if first {
+			<-release
+		}
+		return make([]error, len(ds))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(200 * time.Millisecond) // 40 polls
+	d.mu.Lock()
+	claims := len(d.limits)
+	d.mu.Unlock()
+	if claims != 1 {
+		t.Errorf("%d claims while a batch of 4 held the 4 slots, want 1", claims)
+	}
+	close(release)
+	for deadline := time.Now().Add(5 * time.Second); d.left.Load() > 0 || r.Health().InFlight > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the messages after the first batch were not delivered")
+		}
+	}
+	cancel()
+	stopped := time.Now()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(stopped); d > 2*time.Second {
+		t.Errorf("Run took %v to return with no handler running (the shutdown waited for handlers that had returned)", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Each batch frees its 4 slots at once: every claim takes 4.
+	if !slices.Equal(sizes, []int{4, 4, 4}) {
+		t.Errorf("batches %v, want [4 4 4]", sizes)
 	}
 }

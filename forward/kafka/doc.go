@@ -14,7 +14,14 @@
 // producer session, not a second relay's produce of the same message.
 //
 // Each record's key is the message's Key (no key when it has none), so
-// the default partitioner keeps a key's messages in one partition, in
-// order; its value is the payload; its timestamp the message's CreatedAt;
-// its headers oncommit-id and the message's headers.
+// the default partitioner keeps a key's messages in one partition; its
+// value is the payload; its timestamp the message's CreatedAt; its headers
+// oncommit-id and the message's headers. A batch has at most one
+// unacknowledged record per key in flight: a key's next record is produced
+// once Kafka acknowledged the one before it, and when one fails the key's
+// later records in the batch fail without being produced, so a retry can
+// never put a key's later message into Kafka ahead of an earlier one. With
+// ordered delivery (outbox Config.OrderByKey), the relay never settles a
+// key's later message before an earlier one either: a key's messages land
+// in publish order, possibly repeated (k1 k2 k1 k2 after a redelivery).
 package kafka

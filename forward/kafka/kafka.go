@@ -54,31 +54,84 @@ func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
 	return &Forwarder{client: client, cfg: cfg}, nil
 }
 
-// Handler returns the batch handler that forwards a batch: it produces a
-// record for every delivery (without waiting), then awaits them all, and
-// returns each record's produce error as its message's outcome (nil once
-// Kafka acknowledged it). When ctx ends first (the relay lost a lease or
-// is shutting down), the records not acknowledged yet get ctx's error:
-// they are not settled done and are delivered again.
+// Handler returns the batch handler that forwards a batch: it produces the
+// batch's records without waiting for one another, but at most one
+// unacknowledged record per key (a key's next record is produced once
+// Kafka acknowledged the one before it), awaits them all, and returns each
+// record's produce error as its message's outcome (nil once Kafka
+// acknowledged it). When a record fails, the later records of its key in
+// the batch are not produced and fail too: a key's later message never
+// reaches Kafka before an earlier one. When ctx ends first (the relay lost
+// a lease or is shutting down), the records not acknowledged yet get an
+// error wrapping ctx's: they are not settled done and are delivered again.
 func (f *Forwarder) Handler() outbox.BatchHandler {
 	return func(ctx context.Context, ds []outbox.Delivery) []error {
-		w := &wait{errs: make([]error, len(ds)), got: make([]bool, len(ds)), left: len(ds), done: make(chan struct{})}
 		if len(ds) == 0 {
 			return nil
 		}
+		b := &batch{f: f, ctx: ctx, ds: ds, next: make([]int, len(ds)),
+			wait: wait{errs: make([]error, len(ds)), got: make([]bool, len(ds)), left: len(ds), done: make(chan struct{})}}
+		last := make(map[string]int, len(ds))
+		first := make([]bool, len(ds))
 		for i := range ds {
-			r, err := f.record(&ds[i])
-			if err != nil {
-				w.set(i, err)
-				continue
+			b.next[i], first[i] = -1, true
+			if k := ds[i].Key; k != "" {
+				if j, ok := last[k]; ok {
+					b.next[j], first[i] = i, false
+				}
+				last[k] = i
 			}
-			f.client.Produce(ctx, r, func(_ *kgo.Record, err error) { w.set(i, err) })
+		}
+		for i := range ds {
+			if first[i] {
+				b.produce(i)
+			}
 		}
 		select {
-		case <-w.done:
+		case <-b.done:
 		case <-ctx.Done():
 		}
-		return w.result(ctx.Err())
+		return b.result(ctx.Err())
+	}
+}
+
+// batch is one call of the handler: its deliveries, for each the next
+// delivery of its key (-1 for none), and their outcomes.
+type batch struct {
+	f    *Forwarder
+	ctx  context.Context
+	ds   []outbox.Delivery
+	next []int
+	wait
+}
+
+// produce produces the record of delivery i; once Kafka acknowledged it,
+// the next of its key; when it fails, fails the rest of its key.
+func (b *batch) produce(i int) {
+	r, err := b.f.record(&b.ds[i])
+	if err != nil {
+		b.fail(i, err)
+		return
+	}
+	b.f.client.Produce(b.ctx, r, func(_ *kgo.Record, err error) {
+		if err != nil {
+			b.fail(i, err)
+			return
+		}
+		if b.set(i, nil) && b.next[i] >= 0 {
+			// Not from the promise itself: Produce may block (a full
+			// buffer), and promises must not.
+			go b.produce(b.next[i])
+		}
+	})
+}
+
+// fail records err for delivery i and an error for every later delivery
+// of its key, which is not produced.
+func (b *batch) fail(i int, err error) {
+	b.set(i, err)
+	for j := b.next[i]; j >= 0; j = b.next[j] {
+		b.set(j, fmt.Errorf("kafka: not produced: an earlier message of its key (%s) failed: %w", b.ds[i].ID, err))
 	}
 }
 
@@ -120,20 +173,18 @@ type wait struct {
 }
 
 // set records the outcome of record i (once; none after the handler
-// returned).
-func (w *wait) set(i int, err error) {
+// returned), and reports whether it did.
+func (w *wait) set(i int, err error) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.returned {
-		return
-	}
-	if w.got[i] {
-		return
+	if w.returned || w.got[i] {
+		return false
 	}
 	w.got[i], w.errs[i] = true, err
 	if w.left--; w.left == 0 {
 		close(w.done)
 	}
+	return true
 }
 
 // result returns the outcomes, with cause for the records still waiting

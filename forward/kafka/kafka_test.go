@@ -38,12 +38,19 @@ type env struct {
 
 func newEnv(t *testing.T, topics ...string) *env {
 	t.Helper()
+	return newEnvWith(t, outbox.Config{}, topics...)
+}
+
+// newEnvWith is newEnv with cfg for the Outbox.
+func newEnvWith(t *testing.T, cfg outbox.Config, topics ...string) *env {
+	t.Helper()
 	e := &env{table: pgtest.Schema(t) + ".outbox"}
 	if err := postgres.Migrate(context.Background(), pgtest.Admin(t), e.table); err != nil {
 		t.Fatal(err)
 	}
 	e.db = pgtest.Open(t, "pgx")
-	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: e.table})
+	cfg.Table = e.table
+	ob, err := outbox.New(postgres.Dialect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,12 +158,12 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 }
 
 // TestForwardEveryMessage: every message arrives once, on its mapped
-// topic, with its key, payload and headers and the oncommit-id header; a
-// key's messages are in publish order in their partition; the table is
-// empty after.
+// topic, with its key, payload and headers and the oncommit-id header;
+// with ordered delivery (Config.OrderByKey), a key's messages are in
+// publish order in their partition; the table is empty after.
 func TestForwardEveryMessage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "orders", "payments.out")
+	e := newEnvWith(t, outbox.Config{OrderByKey: true}, "orders", "payments.out")
 	const n = 300
 	want := map[outbox.ID]outbox.Message{}
 	var order []outbox.ID
@@ -228,7 +235,9 @@ func TestRedeliveryRepeatsID(t *testing.T) {
 	f := e.forwarder(t, kafka.Config{})
 	acked := make(chan []error, 1)
 	var once sync.Once
-	stopA := e.relay(t, outbox.RelayConfig{Lease: time.Second, DisableLeaseRenewal: true, ShutdownGrace: 50 * time.Millisecond},
+	// Concurrency 3: A's blocked batch holds its slots, so A does not
+	// claim the messages again itself when its lease lapses.
+	stopA := e.relay(t, outbox.RelayConfig{Lease: time.Second, DisableLeaseRenewal: true, ShutdownGrace: 50 * time.Millisecond, Concurrency: 3},
 		func(ctx context.Context, ds []outbox.Delivery) []error {
 			errs := f.Handler()(ctx, ds)
 			once.Do(func() { acked <- errs })
@@ -372,6 +381,72 @@ func TestContextEndsBatch(t *testing.T) {
 	for i, err := range errs {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("outcome %d: %v, want an error wrapping the context's", i, err)
+		}
+	}
+}
+
+// TestKeyFailureStopsItsKey: when a record of a key fails, the later
+// records of that key in the batch are not produced (they fail too), so a
+// key's later message never reaches Kafka before an earlier one; other
+// keys, and messages without a key, are produced.
+func TestKeyFailureStopsItsKey(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// Topic "bad" maps to no Kafka topic: its record fails before it is sent.
+	f, err := kafka.New(cl, kafka.Config{Topic: func(topic string) string {
+		if topic == "bad" {
+			return ""
+		}
+		return topic
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := []outbox.Delivery{
+		{ID: outbox.NewID(), Topic: "orders", Key: "a"}, // 0: produced
+		{ID: outbox.NewID(), Topic: "bad", Key: "a"},    // 1: fails
+		{ID: outbox.NewID(), Topic: "orders", Key: "b"}, // 2: produced
+		{ID: outbox.NewID(), Topic: "orders", Key: "a"}, // 3: after a failed record of a: not produced
+		{ID: outbox.NewID(), Topic: "orders"},           // 4: no key: produced
+		{ID: outbox.NewID(), Topic: "orders", Key: "b"}, // 5: produced, after 2
+	}
+	errs := f.Handler()(context.Background(), ds)
+	for i, want := range []bool{true, false, true, false, true, true} {
+		if ok := errs[i] == nil; ok != want {
+			t.Errorf("outcome %d: %v, want success %v", i, errs[i], want)
+		}
+	}
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	got := map[string]bool{}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for len(got) < 4 && ctx.Err() == nil {
+		for _, r := range consumer.PollFetches(ctx).Records() {
+			s, _ := header(r, kafka.IDHeader)
+			got[s] = true
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	for _, r := range consumer.PollFetches(ctx).Records() {
+		s, _ := header(r, kafka.IDHeader)
+		got[s] = true
+	}
+	for i, want := range []bool{true, false, true, false, true, true} {
+		if got[ds[i].ID.String()] != want {
+			t.Errorf("record %d in Kafka: %v, want %v", i, got[ds[i].ID.String()], want)
 		}
 	}
 }

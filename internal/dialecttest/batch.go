@@ -459,3 +459,55 @@ func orderedBatchRun(t *testing.T, e *env) {
 		t.Errorf("K's third message last delivered before its second")
 	}
 }
+
+// orderedBatchMixedHandlers: a key whose messages alternate between a
+// topic with a batch handler and one with a Handler is delivered in key
+// order: a batch's run stops before the Handler's topic, and a Handler's
+// run hands a batch handler's message to it as a batch of one.
+func orderedBatchMixedHandlers(t *testing.T, e *env) {
+	var mu sync.Mutex
+	seq := map[string][]string{} // key -> payloads, in delivery order
+	record := func(d outbox.Delivery, how string) {
+		mu.Lock()
+		defer mu.Unlock()
+		seq[d.Key] = append(seq[d.Key], fmt.Sprintf("%s %s %d", normalize([]string{string(d.Payload)})[0], how, d.Attempt))
+	}
+	var msgs []outbox.Message
+	for i := range 6 {
+		for _, k := range []string{"K", "L"} {
+			topic := []string{"x", "y"}[i%2] // K starts on x (batch), L on y after one x
+			if k == "L" {
+				topic = []string{"y", "x"}[i%2]
+			}
+			msgs = append(msgs, outbox.Message{Topic: topic, Key: k, Payload: fmt.Appendf(nil, `{"n": %d}`, i)})
+		}
+	}
+	e.publish(t, msgs...)
+	e.relayWith(t, outbox.RelayConfig{BatchSize: 10}, func(r *outbox.Relay) error {
+		if err := r.HandleBatch("x", func(_ context.Context, ds []outbox.Delivery) []error {
+			for _, d := range ds {
+				record(d, "batch")
+			}
+			return make([]error, len(ds))
+		}); err != nil {
+			return err
+		}
+		return r.Handle("y", func(_ context.Context, d outbox.Delivery) error { record(d, "one"); return nil })
+	})
+	waitFor(t, "all delivered", func() bool { return e.count(t, "") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	for _, k := range []string{"K", "L"} {
+		var want []string
+		for i := range 6 {
+			how := []string{"batch", "one"}[i%2]
+			if k == "L" {
+				how = []string{"one", "batch"}[i%2]
+			}
+			want = append(want, fmt.Sprintf(`{"n": %d} %s 1`, i, how)) // each at its first attempt
+		}
+		if !slices.Equal(seq[k], want) {
+			t.Errorf("key %s delivered %q, want %q", k, seq[k], want)
+		}
+	}
+}

@@ -37,6 +37,7 @@ var orderedCases = []struct {
 	{"OrderedSpentHead", orderedSpentHead},
 	{"OrderedClaimAllTopics", orderedClaimAllTopics},
 	{"OrderedBatchRun", orderedBatchRun},
+	{"OrderedBatchMixedHandlers", orderedBatchMixedHandlers},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
