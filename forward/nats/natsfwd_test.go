@@ -164,7 +164,7 @@ func TestServerDown(t *testing.T) {
 	s, subj := stream(t, js, 10*time.Minute)
 	f := forwarder(t, js, subj, natsfwd.Config{AckTimeout: 2 * time.Second})
 
-	ids := env.Outage(t, f.Handler(), 500*time.Millisecond, srv.stop, srv.start)
+	ids := env.Outage(t, f.Handler(), 2*time.Second, srv.stop, srv.start)
 	checkOnce(t, read(t, s), ids)
 }
 

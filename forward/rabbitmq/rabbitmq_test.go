@@ -223,7 +223,7 @@ func TestConnectionCut(t *testing.T) {
 	env := fwdtest.New(t, false)
 	p, url := b.proxy(t)
 	f := b.forwarder(t, url, rabbitmq.Config{ConfirmTimeout: 2 * time.Second})
-	ids := env.Outage(t, f.Handler(), 100*time.Millisecond, p.Cut, p.Restore)
+	ids := env.Outage(t, f.Handler(), 2*time.Second, p.Cut, p.Restore)
 	dup := 0
 	for _, k := range count(t, b.read(t), ids) {
 		dup += k - 1

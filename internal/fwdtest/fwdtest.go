@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,6 +278,7 @@ func (e *Env) Kill(t testing.TB, helper string, n int, timeout time.Duration, en
 type Recorder struct {
 	mu     sync.Mutex
 	doneAt []time.Time
+	doneID map[outbox.ID]time.Time // the first time each message was done
 	errs   []error
 }
 
@@ -287,9 +289,15 @@ func (rc *Recorder) Wrap(h BatchHandler) BatchHandler {
 		now := time.Now()
 		rc.mu.Lock()
 		defer rc.mu.Unlock()
-		for _, err := range out {
+		for i, err := range out {
 			if err == nil {
 				rc.doneAt = append(rc.doneAt, now)
+				if rc.doneID == nil {
+					rc.doneID = map[outbox.ID]time.Time{}
+				}
+				if _, ok := rc.doneID[ds[i].ID]; !ok {
+					rc.doneID[ds[i].ID] = now
+				}
 			} else {
 				rc.errs = append(rc.errs, err)
 			}
@@ -310,15 +318,18 @@ func (rc *Recorder) Outcomes() (doneAt []time.Time, errs []error) {
 // leases) while 1,500 messages are published, 10 per transaction every
 // 100 ms; 3 s in it calls down, 10 s later up; then it waits until the
 // table is empty and returns the ids published. It fails t when a message
-// was reported done between down's return (plus grace: the last answers
-// of the broker before it went away) and up, and when no outcome failed
-// (the outage was not felt).
+// published while the broker was away was reported done before up (no
+// broker could have confirmed it: this check has no timing margin), when
+// any message was reported done between down's return plus grace (the
+// broker's last answers before it went away) and up, and when no outcome
+// failed (the outage was not felt).
 func (e *Env) Outage(t testing.TB, h BatchHandler, grace time.Duration, down, up func()) []outbox.ID {
 	t.Helper()
 	var rc Recorder
 	stop := Run(t, e.Relay(t, outbox.RelayConfig{RetryBase: 100 * time.Millisecond, RetryCap: time.Second, MaxAttempts: outbox.UnlimitedAttempts, Lease: 5 * time.Second},
 		"orders", rc.Wrap(h)))
-	var ids []outbox.ID
+	var downFrom, downTo atomic.Int64 // unix nanoseconds, 0 until set
+	var ids, whileDown []outbox.ID
 	published := make(chan struct{})
 	go func() {
 		defer close(published)
@@ -327,33 +338,49 @@ func (e *Env) Outage(t testing.TB, h BatchHandler, grace time.Duration, down, up
 			for j := range ms {
 				ms[j].Headers["n"] = fmt.Sprint(i*10 + j)
 			}
-			ids = append(ids, e.Publish(t, ms...)...)
+			start := time.Now().UnixNano()
+			got := e.Publish(t, ms...)
+			ids = append(ids, got...)
+			if from := downFrom.Load(); from != 0 && start > from && downTo.Load() == 0 {
+				whileDown = append(whileDown, got...)
+			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
 	time.Sleep(3 * time.Second)
 	down()
-	downFrom := time.Now()
+	downFrom.Store(time.Now().UnixNano())
 	time.Sleep(10 * time.Second)
-	downTo := time.Now()
+	upAt := time.Now()
+	downTo.Store(upAt.UnixNano())
 	up()
 	<-published
 	e.WaitEmpty(t, 2*time.Minute)
 	stop()
-	doneAt, errs := rc.Outcomes()
-	during := 0
-	for _, at := range doneAt {
-		if at.After(downFrom.Add(grace)) && at.Before(downTo) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	early := 0
+	for _, id := range whileDown {
+		if at, ok := rc.doneID[id]; ok && at.Before(upAt) {
+			early++
+		}
+	}
+	if early > 0 || len(whileDown) == 0 {
+		t.Errorf("%d of the %d messages published while the broker was away were reported done before it came back, want 0 of more than 0", early, len(whileDown))
+	}
+	during, from := 0, time.Unix(0, downFrom.Load()).Add(grace)
+	for _, at := range rc.doneAt {
+		if at.After(from) && at.Before(upAt) {
 			during++
 		}
 	}
 	if during > 0 {
 		t.Errorf("%d messages reported done while the broker was away", during)
 	}
-	if len(errs) == 0 {
+	if len(rc.errs) == 0 {
 		t.Error("no publish failed: the outage was not felt")
 	}
-	t.Logf("%d messages, %d done outcomes, %d failed ones (retried)", len(ids), len(doneAt), len(errs))
+	t.Logf("%d messages (%d published while the broker was away), %d done outcomes, %d failed ones (retried)", len(ids), len(whileDown), len(rc.doneAt), len(rc.errs))
 	return ids
 }
 
