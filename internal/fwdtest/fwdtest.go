@@ -186,37 +186,37 @@ func Logger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// IsChild reports whether this process is a child started by Kill.
-func IsChild() bool { return os.Getenv(childSchema) != "" }
-
-// Child returns the Env of the table a child process (started by Kill)
-// works on, and the handler wrapper it must use: it prints a line per
-// message the wrapped handler reported done, then blocks for good, so
-// that no outcome is written before the parent kills the process. It
-// skips t in a process that is not such a child.
-func Child(t testing.TB) (*Env, func(BatchHandler) BatchHandler) {
+// IsChild skips t unless this process is a child started by Kill.
+func IsChild(t testing.TB) {
 	t.Helper()
-	schema := os.Getenv(childSchema)
-	if schema == "" {
+	if os.Getenv(childSchema) == "" {
 		t.Skip("helper process of Kill")
 	}
+}
+
+// Child is the body of a child process started by Kill: it runs a relay
+// (1 s leases) on the parent's table with h for topic "orders", prints a
+// line per message h reported done (or failed), then blocks for good in
+// the handler, so that no outcome is written before the parent kills the
+// process. Call IsChild first.
+func Child(t testing.TB, h BatchHandler) {
+	t.Helper()
 	var mu sync.Mutex
-	wrap := func(h BatchHandler) BatchHandler {
-		return func(ctx context.Context, ds []outbox.Delivery) []error {
-			out := h(ctx, ds)
-			mu.Lock()
-			for i, err := range out {
-				if err == nil {
-					fmt.Printf("ACKED %s\n", ds[i].ID)
-				} else {
-					fmt.Printf("FAILED %s %v\n", ds[i].ID, err)
-				}
+	env := open(t, os.Getenv(childSchema), false)
+	Run(t, env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", func(ctx context.Context, ds []outbox.Delivery) []error {
+		out := h(ctx, ds)
+		mu.Lock()
+		for i, err := range out {
+			if err == nil {
+				fmt.Printf("ACKED %s\n", ds[i].ID)
+			} else {
+				fmt.Printf("FAILED %s %v\n", ds[i].ID, err)
 			}
-			mu.Unlock()
-			select {} // killed here: after the broker confirmed, before the settle
 		}
-	}
-	return open(t, schema, false), wrap
+		mu.Unlock()
+		select {} // killed here: after the broker confirmed, before the settle
+	}))
+	select {} // until killed
 }
 
 // Kill runs the test named helper of this test binary as a child process
