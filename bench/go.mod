@@ -5,10 +5,12 @@ go 1.26.8
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/nats-io/nats.go v1.55.0
 	github.com/oncommit/oncommit v0.0.0
 	github.com/oncommit/oncommit/dialect/mysql v0.0.0
 	github.com/oncommit/oncommit/dialect/sqlite v0.0.0
 	github.com/oncommit/oncommit/otel v0.0.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 	github.com/vgarvardt/gue/v5 v5.8.0
@@ -17,6 +19,13 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0
 	golang.org/x/image v0.48.0
 	modernc.org/sqlite v1.62.0
+)
+
+require (
+	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 )
 
 require (
@@ -32,6 +41,8 @@ require (
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/oklog/ulid/v2 v2.1.2 // indirect
+	github.com/oncommit/oncommit/forward/nats v0.0.0
+	github.com/oncommit/oncommit/forward/rabbitmq v0.0.0
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/riverqueue/river/riverdriver v0.51.2 // indirect
 	github.com/riverqueue/river/rivershared v0.51.2 // indirect
@@ -59,3 +70,7 @@ replace (
 	github.com/oncommit/oncommit/dialect/sqlite => ../dialect/sqlite
 	github.com/oncommit/oncommit/otel => ../otel
 )
+
+replace github.com/oncommit/oncommit/forward/nats => ../forward/nats
+
+replace github.com/oncommit/oncommit/forward/rabbitmq => ../forward/rabbitmq

@@ -25,6 +25,9 @@
 //     loop (the SQL cost without the relay's goroutines).
 //   - variants: the claim statement with narrower RETURNING lists or without
 //     its CASE expressions, each followed by the raw delete.
+//   - forward: a backlog forwarded to NATS JetStream and to RabbitMQ by the
+//     forwarders (forward/nats, forward/rabbitmq) beside a hand-written
+//     claim-publish-await-delete loop (forward.go; docs/benchmarks.md).
 //   - inspect: a page of 50 dead messages out of 1,000,000 rows through
 //     outbox.List, with its plan (inspect.go; docs/operations.md).
 //
@@ -61,7 +64,7 @@ var concurrency = 0 // RelayConfig default
 
 var (
 	url        = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered)")
+	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
@@ -140,6 +143,9 @@ func main() {
 	}
 	if *only == "ordered" {
 		orderedBench(ctx, pool)
+	}
+	if *only == "forward" {
+		forwardBench(ctx, pool)
 	}
 	if *only == "" || *only == "latency" {
 		latency(ctx, pool)

@@ -9,6 +9,8 @@
 #   github.com/oncommit/oncommit/dialect/sqlite  dialect/sqlite/v0.X.Y
 #   github.com/oncommit/oncommit/dialect/mysql   dialect/mysql/v0.X.Y
 #   github.com/oncommit/oncommit/otel            otel/v0.X.Y
+#   github.com/oncommit/oncommit/forward/nats    forward/nats/v0.X.Y
+#   github.com/oncommit/oncommit/forward/rabbitmq forward/rabbitmq/v0.X.Y
 # A directory that has no go.mod of its own yet is part of the root module
 # and is compared with it.
 #
@@ -28,7 +30,7 @@ set -euo pipefail
 
 APIDIFF=${APIDIFF:-golang.org/x/exp/cmd/apidiff@v0.0.0-20261113113407-e3970619a1a4}
 base=github.com/oncommit/oncommit
-published=(. dialect/sqlite dialect/mysql otel)
+published=(. dialect/sqlite dialect/mysql otel forward/nats forward/rabbitmq)
 
 top=$(git rev-parse --show-toplevel)
 cd "$top"

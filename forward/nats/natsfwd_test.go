@@ -1,0 +1,271 @@
+package natsfwd_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	natsfwd "github.com/oncommit/oncommit/forward/nats"
+	"github.com/oncommit/oncommit/internal/fwdtest"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+func forwarder(t testing.TB, js jetstream.JetStream, subj func(string) string, cfg natsfwd.Config) *natsfwd.Forwarder {
+	t.Helper()
+	cfg.Subject = func(d outbox.Delivery) string { return subj(d.Topic) }
+	f, err := natsfwd.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// checkOnce fails t unless the stream holds exactly one message per id of
+// want, and nothing else.
+func checkOnce(t testing.TB, got []stored, want []outbox.ID) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, m := range got {
+		seen[m.id]++
+	}
+	for _, id := range want {
+		switch n := seen[id.String()]; n {
+		case 1:
+		case 0:
+			t.Errorf("message %s is not in the stream", id)
+		default:
+			t.Errorf("message %s is in the stream %d times", id, n)
+		}
+		delete(seen, id.String())
+	}
+	for id, n := range seen {
+		t.Errorf("stream holds %d message(s) with id %q that was never published", n, id)
+	}
+	if len(got) != len(want) {
+		t.Errorf("stream holds %d messages, want %d", len(got), len(want))
+	}
+}
+
+// fixture is one test's table, stream and forwarder on the shared server.
+type fixture struct {
+	env  *fwdtest.Env
+	js   jetstream.JetStream
+	s    jetstream.Stream
+	subj func(topic string) string
+	f    *natsfwd.Forwarder
+}
+
+func setup(t *testing.T, ordered bool) fixture {
+	t.Parallel()
+	url := natsURL(t)
+	x := fixture{env: fwdtest.New(t, ordered)}
+	_, x.js = connect(t, url)
+	x.s, x.subj = stream(t, x.js, 20*time.Minute)
+	x.f = forwarder(t, x.js, x.subj, natsfwd.Config{})
+	return x
+}
+
+func TestForward(t *testing.T) {
+	x := setup(t, false)
+	env, s, subj, f := x.env, x.s, x.subj, x.f
+	msgs := append(fwdtest.Messages("orders", 500, 0), fwdtest.Messages("mail", 100, 0)...)
+	msgs[0].Headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	ids := env.Publish(t, msgs...)
+	// One registration for every topic.
+	env.Drain(t, outbox.RelayConfig{}, outbox.AllTopics, f.Handler(), time.Minute)
+
+	got := read(t, s)
+	checkOnce(t, got, ids)
+	// With subject, payload and headers carried.
+	topics := map[string]int{}
+	for i, m := range got {
+		topics[m.subject]++
+		if m.subject != subj("orders") && m.subject != subj("mail") {
+			t.Errorf("message %d: subject %q, want %q or %q", i, m.subject, subj("orders"), subj("mail"))
+		}
+		var p struct{ N int }
+		if err := json.Unmarshal([]byte(m.data), &p); err != nil || strconv.Itoa(p.N) != m.header.Get("n") {
+			t.Errorf("message %d: payload %q, header n=%q (%v)", i, m.data, m.header.Get("n"), err)
+		}
+	}
+	if topics[subj("orders")] != 500 || topics[subj("mail")] != 100 {
+		t.Errorf("messages per subject %v, want 500 orders and 100 mail", topics)
+	}
+	if tp := got[0].header.Get("traceparent"); tp != msgs[0].Headers["traceparent"] {
+		t.Errorf("traceparent header %q, want %q", tp, msgs[0].Headers["traceparent"])
+	}
+}
+
+// TestKilledAfterAck: a relay killed after JetStream acknowledged its
+// messages and before it wrote their outcomes; the next relay delivers
+// them again and JetStream drops the second copies (Nats-Msg-Id).
+func TestKilledAfterAck(t *testing.T) {
+	x := setup(t, false)
+	env, js, s, subj, url := x.env, x.js, x.s, x.subj, natsURL(t)
+	const n = 20
+	ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
+
+	acked := env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_NATSFWD_URL="+url, "OC_NATSFWD_STREAM="+subj(""))
+	if got := read(t, s); len(got) != n {
+		t.Fatalf("after the child's acks the stream holds %d messages, want %d", len(got), n)
+	}
+	if m := env.Rows(t); m["processing"] != n {
+		t.Fatalf("after the kill the table holds %v, want %d processing (no outcome written)", m, n)
+	}
+
+	f := forwarder(t, js, subj, natsfwd.Config{})
+	var again atomic.Int64
+	h := f.Handler()
+	r := env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", func(ctx context.Context, ds []outbox.Delivery) []error {
+		for _, d := range ds {
+			if d.Attempt >= 2 {
+				again.Add(1)
+			}
+		}
+		return h(ctx, ds)
+	})
+	stop := fwdtest.Run(t, r)
+	env.WaitEmpty(t, time.Minute)
+	stop()
+	if again.Load() != n {
+		t.Errorf("%d redeliveries after the kill, want %d (acked by the child: %d)", again.Load(), n, len(acked))
+	}
+	checkOnce(t, read(t, s), ids)
+}
+
+// TestHelperKilledAfterAck is the child process of TestKilledAfterAck.
+func TestHelperKilledAfterAck(t *testing.T) {
+	fwdtest.IsChild(t)
+	_, js := connect(t, os.Getenv("OC_NATSFWD_URL"))
+	prefix := os.Getenv("OC_NATSFWD_STREAM")
+	f := forwarder(t, js, func(topic string) string { return prefix + topic }, natsfwd.Config{})
+	fwdtest.Child(t, f.Handler())
+}
+
+// TestServerDown: the NATS server stops for 10 s while messages are
+// published and forwarded. Nothing is lost, nothing is stored twice, and
+// no message is reported done while the server is down.
+func TestServerDown(t *testing.T) {
+	t.Parallel()
+	srv := ownServer(t)
+	env := fwdtest.New(t, false)
+	_, js := connect(t, srv.url())
+	s, subj := stream(t, js, 10*time.Minute)
+	f := forwarder(t, js, subj, natsfwd.Config{AckTimeout: 2 * time.Second})
+
+	ids := env.Outage(t, f.Handler(), 2*time.Second, srv.stop, srv.start)
+	checkOnce(t, read(t, s), ids)
+}
+
+// TestKeyOrder: with ordered delivery, each key's messages are on the
+// stream in publish order.
+func TestKeyOrder(t *testing.T) {
+	x := setup(t, true)
+	env, s, f := x.env, x.s, x.f
+	ids := env.Publish(t, fwdtest.Messages("orders", 200, 5)...)
+	env.Drain(t, outbox.RelayConfig{}, "orders", f.Handler(), time.Minute)
+	got := read(t, s)
+	checkOnce(t, got, ids)
+	var ns []string
+	for _, m := range got {
+		ns = append(ns, m.header.Get("n"))
+	}
+	fwdtest.CheckKeyOrder(t, ns, 5)
+}
+
+// TestNoStream: a subject no stream stores gets no PubAck: the message is
+// retried, then dead, never done.
+func TestNoStream(t *testing.T) {
+	t.Parallel()
+	url := natsURL(t)
+	env := fwdtest.New(t, false)
+	_, js := connect(t, url)
+	f := forwarder(t, js, func(topic string) string { return "ocfwd.nostream." + topic }, natsfwd.Config{AckTimeout: time.Second})
+	env.Publish(t, fwdtest.Messages("orders", 3, 0)...)
+	var rc fwdtest.Recorder
+	stop := fwdtest.Run(t, env.Relay(t, outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders", rc.Wrap(f.Handler())))
+	env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["dead"] == 3 })
+	stop()
+	doneAt, errs := rc.Outcomes()
+	if len(doneAt) > 0 || len(errs) != 6 {
+		t.Errorf("%d done, %d failed outcomes; want 0 done, 6 failed (3 messages x 2 attempts)", len(doneAt), len(errs))
+	}
+	t.Logf("outcome: %v", errs[0])
+}
+
+// TestBadSubject: a subject NATS refuses dead-letters the message at once:
+// retrying cannot help.
+func TestBadSubject(t *testing.T) {
+	x := setup(t, false)
+	f := forwarder(t, x.js, func(string) string { return "has a space" }, natsfwd.Config{})
+	x.env.Publish(t, fwdtest.Messages("orders", 2, 0)...)
+	var rc fwdtest.Recorder
+	stop := fwdtest.Run(t, x.env.Relay(t, outbox.RelayConfig{}, "orders", rc.Wrap(f.Handler())))
+	x.env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["dead"] == 2 })
+	stop()
+	doneAt, errs := rc.Outcomes()
+	var dl *outbox.DeadLetterError
+	if len(doneAt) > 0 || len(errs) != 2 || !errors.As(errs[0], &dl) || !errors.Is(errs[0], nats.ErrBadSubject) {
+		t.Errorf("%d done, outcomes %v; want 2 dead letters wrapping nats.ErrBadSubject", len(doneAt), errs)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	url := natsURL(t)
+	_, js := connect(t, url)
+	short, shortSubj := stream(t, js, time.Minute)
+	_, longSubj := stream(t, js, 11*time.Minute)
+	var log fwdtest.Log
+	check := func(subj func(string) string, topics ...string) (string, error) {
+		log.Reset()
+		f := forwarder(t, js, subj, natsfwd.Config{Logger: log.Logger()})
+		err := f.Check(context.Background(), topics...)
+		return log.String(), err
+	}
+	out, err := check(shortSubj, "a", "b")
+	if err != nil || strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "stream="+short.CachedInfo().Config.Name) {
+		t.Errorf("1m window with the default 30s lease and 10m retry cap: err %v, log %q; want one warning naming the stream", err, out)
+	}
+	out, err = check(longSubj, "a")
+	if err != nil || out != "" {
+		t.Errorf("11m window: err %v, log %q; want neither", err, out)
+	}
+	_, err = check(func(topic string) string { return "ocfwd.nostream." + topic }, "a")
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("no stream: err %v, want jetstream.ErrStreamNotFound", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		cfg   natsfwd.Config
+		field string
+	}{
+		{natsfwd.Config{Window: -1}, "Window"},
+		{natsfwd.Config{AckTimeout: -1}, "AckTimeout"},
+		{natsfwd.Config{Lease: -1}, "Lease"},
+		{natsfwd.Config{RetryCap: -1}, "RetryCap"},
+	} {
+		_, err := natsfwd.New(fakeJS{}, c.cfg)
+		var ce *natsfwd.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field {
+			t.Errorf("%+v: err %v, want a *ConfigError for %s", c.cfg, err, c.field)
+		}
+	}
+	var ce *natsfwd.ConfigError
+	if _, err := natsfwd.New(nil, natsfwd.Config{}); !errors.As(err, &ce) {
+		t.Errorf("nil JetStream: err %v, want a *ConfigError", err)
+	}
+}
+
+type fakeJS struct{ jetstream.JetStream }

@@ -1,0 +1,16 @@
+// Package rabbitmq forwards outbox messages to RabbitMQ: a relay handler
+// that publishes each delivery persistent, mandatory, with the outbox id
+// as its message-id, on a channel in confirm mode, and that reports a
+// message done only once the broker confirmed it and did not return it as
+// unroutable.
+//
+// The guarantee end to end is at-least-once into the broker: RabbitMQ
+// does not deduplicate, so a relay that dies after the broker's confirm
+// and before it wrote the outcome publishes the message again, with the
+// same message-id. Consumers deduplicate on the message-id (a processed-ids
+// table written in the consumer's own transaction, or an idempotent
+// effect); docs/forwarding.md shows how.
+//
+// It lives in a module of its own (github.com/oncommit/oncommit/forward/rabbitmq),
+// so that a service that does not import it gets no AMQP module.
+package rabbitmq

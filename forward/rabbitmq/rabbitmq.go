@@ -1,0 +1,318 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/oncommit/oncommit/internal/fwd"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+// Defaults for [Config].
+const (
+	DefaultWindow         = 256
+	DefaultConfirmTimeout = 10 * time.Second
+	DefaultDialTimeout    = 10 * time.Second
+)
+
+// Errors of the outcomes (wrapped), which the relay records as the
+// messages' last error.
+var (
+	// ErrNacked: the broker refused the message (a negative confirm, or
+	// the channel closed before its confirm). It is retried.
+	ErrNacked = errors.New("rabbitmq: the broker did not confirm the message")
+	// ErrConfirmTimeout: no confirm came within Config.ConfirmTimeout. It
+	// is retried.
+	ErrConfirmTimeout = fwd.ErrAckTimeout
+	// ErrKeyFailed: the message was not published because an earlier
+	// message of its key in the same batch failed. It is retried.
+	ErrKeyFailed = fwd.ErrKeyFailed
+)
+
+// UnroutableError is the outcome (wrapped) of a message that the broker
+// returned because no queue is bound for it (a mandatory publish it could
+// not route). It is retried, or dead-lettered at once with
+// Config.DeadLetterUnroutable: it is never done.
+type UnroutableError struct {
+	Exchange   string
+	RoutingKey string
+	Code       uint16 // the reply code, 312 NO_ROUTE
+	Text       string
+}
+
+func (e *UnroutableError) Error() string {
+	return fmt.Sprintf("rabbitmq: unroutable: exchange %q, routing key %q: %d %s", e.Exchange, e.RoutingKey, e.Code, e.Text)
+}
+
+// Config configures a [Forwarder]. The zero value works.
+type Config struct {
+	// Exchange is the exchange messages are published to. Defaults to ""
+	// (the default exchange, which routes to the queue named by the
+	// routing key).
+	Exchange string
+
+	// RoutingKey returns a delivery's routing key. Defaults to the
+	// delivery's topic.
+	RoutingKey func(outbox.Delivery) string
+
+	// Window is the most publishes of one batch awaiting their confirm at
+	// once. Defaults to DefaultWindow (256).
+	Window int
+
+	// ConfirmTimeout is how long a publish waits for its confirm; one
+	// without by then is retried. Defaults to DefaultConfirmTimeout (10s).
+	ConfirmTimeout time.Duration
+
+	// DeadLetterUnroutable dead-letters a message the broker returned as
+	// unroutable at once, instead of retrying it (a binding that is
+	// missing for good). Defaults to false: retried with backoff, dead
+	// after RelayConfig.MaxAttempts.
+	DeadLetterUnroutable bool
+
+	// Dial opens a connection to url. Defaults to amqp.DialConfig with
+	// DefaultDialTimeout (10s) for the TCP connection and the library's
+	// other defaults (10s heartbeats).
+	Dial func(url string) (*amqp.Connection, error)
+
+	// Logger receives a line per reconnect. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// ConfigError reports an invalid [Config] field or argument of [New].
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "rabbitmq: Config." + e.Field + " " + e.Reason }
+
+// Forwarder publishes outbox deliveries to RabbitMQ. Build it with [New],
+// register its [Forwarder.Handler] on a relay, and [Forwarder.Close] it
+// after the relay stopped. It is safe for concurrent use: the relay runs
+// several batches at once, each on a channel of its own.
+type Forwarder struct {
+	url string
+	cfg Config
+
+	mu    sync.Mutex
+	conn  *amqp.Connection // nil or closed: dialled on the next batch
+	free  []*channel       // idle channels of conn
+	dials int
+}
+
+// channel is one confirm-mode channel with its returns.
+type channel struct {
+	ch      *amqp.Channel
+	conn    *amqp.Connection
+	returns chan amqp.Return
+}
+
+// New returns a forwarder that publishes to the broker at url (an AMQP
+// URI, amqp://user:pass@host:port/vhost). It connects on the first batch,
+// and again on the next batch after a connection or channel was lost.
+func New(url string, cfg Config) (*Forwarder, error) {
+	switch {
+	case url == "":
+		return nil, &ConfigError{Field: "url", Reason: "must not be empty"}
+	case cfg.Window < 0:
+		return nil, &ConfigError{Field: "Window", Reason: "must not be negative"}
+	case cfg.ConfirmTimeout < 0:
+		return nil, &ConfigError{Field: "ConfirmTimeout", Reason: "must not be negative"}
+	}
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, &ConfigError{Field: "url", Reason: err.Error()}
+	}
+	if cfg.RoutingKey == nil {
+		cfg.RoutingKey = func(d outbox.Delivery) string { return d.Topic }
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = DefaultConfirmTimeout
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = func(url string) (*amqp.Connection, error) {
+			return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(DefaultDialTimeout)})
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Forwarder{url: url, cfg: cfg}, nil
+}
+
+// Close closes the connection. A batch after Close dials again.
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.free = nil
+	if f.conn == nil || f.conn.IsClosed() {
+		return nil
+	}
+	err := f.conn.Close()
+	f.conn = nil
+	return err
+}
+
+// take returns an idle channel, opening the connection and the channel
+// when needed.
+func (f *Forwarder) take() (*channel, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn != nil && f.conn.IsClosed() {
+		f.conn, f.free = nil, nil
+	}
+	for len(f.free) > 0 {
+		c := f.free[len(f.free)-1]
+		f.free = f.free[:len(f.free)-1]
+		if !c.ch.IsClosed() && c.conn == f.conn {
+			return c, nil
+		}
+	}
+	if f.conn == nil {
+		conn, err := f.cfg.Dial(f.url)
+		if err != nil {
+			return nil, fmt.Errorf("rabbitmq: connect: %w", err)
+		}
+		f.dials++
+		if f.dials > 1 {
+			f.cfg.Logger.Info("rabbitmq: reconnected", "dials", f.dials)
+		}
+		f.conn = conn
+	}
+	ch, err := f.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("rabbitmq: confirm mode: %w", err)
+	}
+	// Room for a return per unconfirmed publish: the library drops a
+	// return it cannot hand over within 5 s, and a dropped return would
+	// let an unroutable message pass for done.
+	c := &channel{ch: ch, conn: f.conn, returns: ch.NotifyReturn(make(chan amqp.Return, f.cfg.Window+1))}
+	return c, nil
+}
+
+// give puts c back for the next batch, unless it closed meanwhile.
+func (f *Forwarder) give(c *channel) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !c.ch.IsClosed() && c.conn == f.conn {
+		f.free = append(f.free, c)
+	}
+}
+
+// Handler returns the batch handler to register on a relay, for one topic
+// or for all of them (outbox.AllTopics).
+//
+// It publishes the batch on a channel of its own in confirm mode, at most
+// Config.Window publishes awaiting their confirm at once, each
+// persistent (delivery mode 2) and mandatory, with message-id = the
+// message's id, type = its topic, timestamp = its creation time and its
+// headers, and returns once every publish has its answer. A message is
+// done only when the broker confirmed it and did not return it. A message
+// returned as unroutable is retried (or dead with
+// Config.DeadLetterUnroutable); a nack, a missing confirm after
+// Config.ConfirmTimeout, a lost channel or connection (whose unconfirmed
+// publishes are then all retried; the next batch connects again), and the
+// relay's shutdown are retries.
+//
+// Messages with a Key go out one at a time per key, as in natsfwd: the
+// next one of a key is published after the previous one's confirm, and
+// after a failure the key's later messages in the batch are retried
+// without being published.
+func (f *Forwarder) Handler() outbox.BatchHandler {
+	return f.forward
+}
+
+func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
+	c, err := f.take()
+	if err != nil {
+		out := make([]error, len(ds))
+		for i := range out {
+			out[i] = err
+		}
+		return out
+	}
+	defer f.give(c)
+	returned := map[string]amqp.Return{}
+	returns := c.returns // nil once closed (the channel was lost)
+	got := func(r amqp.Return, ok bool) {
+		if !ok {
+			returns = nil
+			return
+		}
+		returned[r.MessageId] = r
+	}
+	drain := func() {
+		for returns != nil {
+			select {
+			case r, ok := <-returns:
+				got(r, ok)
+			default:
+				return
+			}
+		}
+	}
+	defer drain() // the channel starts the next batch without returns
+	return fwd.Batch(ctx, ds, f.cfg.Window, f.cfg.ConfirmTimeout, func(i int) (fwd.Wait, error) {
+		d := &ds[i]
+		key, id := f.cfg.RoutingKey(*d), d.ID.String()
+		msg := amqp.Publishing{
+			DeliveryMode: amqp.Persistent,
+			MessageId:    id,
+			Type:         d.Topic,
+			Timestamp:    d.CreatedAt,
+			Body:         d.Payload,
+		}
+		if len(d.Headers) > 0 {
+			msg.Headers = make(amqp.Table, len(d.Headers))
+			for k, v := range d.Headers {
+				msg.Headers[k] = v
+			}
+		}
+		dc, err := c.ch.PublishWithDeferredConfirm(f.cfg.Exchange, key, true, false, msg)
+		if err != nil {
+			return nil, fmt.Errorf("rabbitmq: publish to exchange %q, routing key %q: %w", f.cfg.Exchange, key, err)
+		}
+		return func(done <-chan struct{}, timeout <-chan time.Time) error {
+			for {
+				select {
+				case r, ok := <-returns:
+					got(r, ok)
+					continue
+				case <-dc.Done():
+				case <-timeout:
+					return fmt.Errorf("rabbitmq: publish to exchange %q, routing key %q: %w", f.cfg.Exchange, key, ErrConfirmTimeout)
+				case <-done:
+					return fmt.Errorf("rabbitmq: publish to exchange %q, routing key %q: %w", f.cfg.Exchange, key, ctx.Err())
+				}
+				break
+			}
+			// The broker sends a return before the confirm of the same
+			// message, and the library hands it over before it reads
+			// the confirm: it is in c.returns by now.
+			drain()
+			if r, ok := returned[id]; ok {
+				err := &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, Code: r.ReplyCode, Text: r.ReplyText}
+				if f.cfg.DeadLetterUnroutable {
+					return outbox.DeadLetter(err)
+				}
+				return err
+			}
+			if !dc.Acked() {
+				return fmt.Errorf("rabbitmq: publish to exchange %q, routing key %q: %w", f.cfg.Exchange, key, ErrNacked)
+			}
+			return nil
+		}, nil
+	})
+}
