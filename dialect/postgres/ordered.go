@@ -192,7 +192,8 @@ FROM v JOIN k ON k.message_key = v.k WHERE o.id = v.id`, []any{textArray(s)}
 // first, then every head's second...), so each run stays a prefix of its
 // key and a claim of many busy keys holds at most its heads and $8 more
 // messages in memory, while a claim of one hot key gets a run of $8. Rows: part (0 claimed, 1 run member, 2
-// carried success), then the claimed columns, key_seq (0 for none) and the
+// carried success fenced off: not written, usually none, as in
+// ClaimSettleSQL), then the claimed columns, key_seq (0 for none) and the
 // head's id for a run member.
 func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	tbl := QuoteTable(t)
@@ -205,7 +206,7 @@ func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	if topics == AllTopics {
 		inTopics = `coalesce(b.topic = ANY($7::text[]), true)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `,
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics) + `,
 heads AS (
     SELECT c.id, s.message_key AS hk, s.key_seq AS hseq FROM claimed c JOIN ` + tbl + ` s ON s.id = c.id
     WHERE s.key_seq IS NOT NULL),
@@ -225,7 +226,8 @@ SELECT 0, ` + claimedColumns + `, coalesce(h.hseq, 0), NULL FROM claimed LEFT JO
 UNION ALL
 SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM runs
 UNION ALL
-SELECT 2, id::text, '', '', NULL, NULL, attempts, 0, 0, created_at, 0, NULL FROM done
+SELECT 2, f.id::text, '', '', NULL, NULL, f.attempts, 0, 0, now(), 0, NULL FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
+    WHERE f.id NOT IN (SELECT id FROM done)
 ORDER BY 1, 11`
 }
 
@@ -259,7 +261,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	}
 	defer rows.Close()
 	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
-	var done []outboxdriver.Fence
+	var off []outboxdriver.Fence
 	type member struct {
 		head outboxdriver.ID
 		c    outboxdriver.Claimed
@@ -287,7 +289,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 			}
 			run = append(run, member{h, c})
 		default:
-			done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
+			off = append(off, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -303,6 +305,11 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 				claimed[i].Run = append(claimed[i].Run, m.c)
 			}
 		}
+	}
+	var done []outboxdriver.Fence
+	if len(p.Done) > 0 {
+		// A copy: p.Done is the relay's buffer, reused by its next claim.
+		done = applied(slices.Clone(p.Done), off)
 	}
 	return claimed, done, nil
 }
