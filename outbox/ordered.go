@@ -67,6 +67,24 @@ func (c *RelayConfig) validateOrdered() error {
 	return nil
 }
 
+// runBudgetBatches is how many BatchSize a claim's runs share when the
+// relay has no batch handler (see runBudget).
+const runBudgetBatches = 4
+
+// runBudget is the most run members one ordered claim takes, shared among
+// its heads round-robin (one hot key gets a run this long): 4 x BatchSize,
+// so that a claim of BatchSize heads of keys with a handful of messages
+// each takes their keys whole (one claim, one settle and no promotion per
+// key, instead of a run of two and a promotion per claim: see
+// docs/benchmarks.md), or BatchSize when the relay has a batch handler,
+// which gets at most a claim's messages at once.
+func (r *Relay) runBudget() int {
+	if len(r.batches) > 0 {
+		return r.cfg.BatchSize
+	}
+	return runBudgetBatches * r.cfg.BatchSize
+}
+
 // halts reports whether a dead message of topic halts its key.
 func (r *Relay) halts(topic string) bool {
 	if p, ok := r.cfg.DeadKeysByTopic[topic]; ok {
