@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,8 +26,8 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 	// of ordered runs needs: both sides run without it.
 	*countDB = false
 	type scenario struct {
-		name string
-		run  func(ordered bool) float64
+		id, name string
+		run      func(ordered bool) float64
 	}
 	drainOf := func(keys, per, relayCount int) func(bool) float64 {
 		return func(ordered bool) float64 {
@@ -67,12 +68,19 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 			return float64(producers*perProducer) / time.Since(t0).Seconds()
 		}
 	}
-	scenarios := []scenario{
-		{"drain 10,000 keys x 5, 1 relay", drainOf(10_000, 5, 1)},
-		{"drain 10,000 keys x 5, 4 relays", drainOf(10_000, 5, 4)},
-		{"drain one hot key of 20,000, 1 relay", drainOf(1, 20_000, 1)},
-		{"publish 1/tx, 8 producers on 8 keys", publishOn(false)},
-		{"publish 1/tx, 8 producers on one key", publishOn(true)},
+	all := []scenario{
+		{"keys-1", "drain 10,000 keys x 5, 1 relay", drainOf(10_000, 5, 1)},
+		{"keys-4", "drain 10,000 keys x 5, 4 relays", drainOf(10_000, 5, 4)},
+		{"hot", "drain one hot key of 20,000, 1 relay", drainOf(1, 20_000, 1)},
+		{"publish-keys", "publish 1/tx, 8 producers on 8 keys", publishOn(false)},
+		{"publish-one", "publish 1/tx, 8 producers on one key", publishOn(true)},
+	}
+	// -cases keeps some of them (by id, comma-separated), for an A/B of one.
+	var scenarios []scenario
+	for _, sc := range all {
+		if *drainCases == "" || slices.Contains(strings.Split(*drainCases, ","), sc.id) {
+			scenarios = append(scenarios, sc)
+		}
 	}
 	got := map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {

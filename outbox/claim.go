@@ -232,7 +232,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 	var applied []outboxdriver.Fence
 	var err error
 	if r.ord != nil { // heads with their runs (ordered.go)
-		claimed, applied, err = r.ord.od.ClaimOrdered(ctx, r.db, r.ob.table, p, r.cfg.BatchSize)
+		claimed, applied, err = r.ord.od.ClaimOrdered(ctx, r.db, r.ob.table, p, r.runBudget())
 	} else {
 		claimed, applied, err = r.d.Claim(ctx, r.db, r.ob.table, p)
 	}

@@ -67,6 +67,24 @@ func (c *RelayConfig) validateOrdered() error {
 	return nil
 }
 
+// runBudgetBatches is how many BatchSize a claim's runs share when the
+// relay has no batch handler (see runBudget).
+const runBudgetBatches = 4
+
+// runBudget is the most run members one ordered claim takes, shared among
+// its heads round-robin (one hot key gets a run this long): 4 x BatchSize,
+// so that a claim of BatchSize heads of keys with a handful of messages
+// each takes their keys whole (one claim, one settle and no promotion per
+// key, instead of a run of two and a promotion per claim: see
+// docs/benchmarks.md), or BatchSize when the relay has a batch handler,
+// which gets at most a claim's messages at once.
+func (r *Relay) runBudget() int {
+	if len(r.batches) > 0 {
+		return r.cfg.BatchSize
+	}
+	return runBudgetBatches * r.cfg.BatchSize
+}
+
 // halts reports whether a dead message of topic halts its key.
 func (r *Relay) halts(topic string) bool {
 	if p, ok := r.cfg.DeadKeysByTopic[topic]; ok {
@@ -110,6 +128,18 @@ func (r *Relay) sendRun(q queuedRun) {
 	if first {
 		notify(o.added)
 	}
+}
+
+// moreComing reports whether other outcomes may soon join those waiting:
+// whether more of the relay's handlers are in flight (inflight) than runs
+// wait (a handler that queued its run is counted until it returns). When
+// none are, lingering only delays the write, and so the next run of the
+// keys waiting for it: a hot key's runs follow one another, each behind
+// the settle of the last.
+func (o *orderedRelay) moreComing(inflight int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return inflight > len(o.runs)
 }
 
 func (o *orderedRelay) take(n int, closing bool) []queuedRun {
@@ -237,7 +267,8 @@ func (r *Relay) startRuns(ctx context.Context) (stop func()) {
 }
 
 // runSettleLoop writes run outcomes: once one is waiting, it gathers those
-// that arrive within settleLinger and writes them with one SettleRuns (a
+// that arrive within settleLinger (no wait when no other handler is in
+// flight: see moreComing) and writes them with one SettleRuns (a
 // transaction of two statements). A failed write puts them back (unless
 // their lease has lapsed) and waits a backoff. At quit it writes what is
 // left, with up to finalAttempts attempts.
@@ -269,12 +300,16 @@ func (r *Relay) runSettleLoop(ctx context.Context, quit <-chan struct{}) {
 		wait := settleLinger
 		if failures > 0 {
 			wait = settleRetry.Delay(failures)
+		} else if !o.moreComing(r.inflightCount()) {
+			wait = 0
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-quit:
-			t.Stop()
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-quit:
+				t.Stop()
+			}
 		}
 		batch := o.take(maxSettleBatch, false)
 		if len(batch) > 0 {

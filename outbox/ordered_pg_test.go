@@ -50,7 +50,7 @@ func TestOrderedPlansUseIndexes(t *testing.T) {
 	for name, plan := range map[string]string{
 		"claim one":       explainPlan(t, postgres.OrderedClaimSQL(tbl, 1, false), "t0", 100, 30.0, 10, "{"+id+"}", "{1}", "{t0}", 100),
 		"claim":           explainPlan(t, postgres.OrderedClaimSQL(tbl, 2, false), "{t0,t1}", 100, 30.0, 10, "{}", "{}", "{t0,t1}", 100),
-		"settle run":      explainPlan(t, postgres.SettleRunsSQL(tbl, false), "{"+id+"}", "{1}", "{k0}", "{NULL}", "{0}", "{0}", "{NULL}", "{NULL}", "{f}", "{"+id+"}", "{1}"),
+		"settle run":      explainPlan(t, postgres.SettleRunsSQL(tbl, false), "{"+id+"}", "{1}", "{k0}", "{NULL}", "{0}", "{0}", "{NULL}", "{NULL}", "{f}", "{"+id+"}", "{1}", "{1}"),
 		"skip head":       explainPlan(t, postgres.SkipHeadSQL(tbl), "k0", ""),
 		"skip head by id": explainPlan(t, postgres.SkipHeadSQL(tbl), "k0", id),
 		"redrive by ids":  explainPlan(t, postgres.RedriveOrderedIDsSQL(tbl), "{"+id+"}"),

@@ -74,8 +74,10 @@ type RelayConfig struct {
 	PollInterval time.Duration
 
 	// BatchSize is the most messages one claim takes, and so the most a
-	// batch handler (HandleBatch) gets at once. Defaults to
-	// DefaultBatchSize (100).
+	// batch handler (HandleBatch) gets at once. With Config.OrderByKey, it
+	// is the most heads of keys one claim takes; their runs share up to
+	// 4 x BatchSize more messages (BatchSize when the relay has a batch
+	// handler). Defaults to DefaultBatchSize (100).
 	BatchSize int
 
 	// Lease is how long a claimed message stays invisible to other relays.

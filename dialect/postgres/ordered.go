@@ -192,7 +192,8 @@ FROM v JOIN k ON k.message_key = v.k WHERE o.id = v.id`, []any{textArray(s)}
 // first, then every head's second...), so each run stays a prefix of its
 // key and a claim of many busy keys holds at most its heads and $8 more
 // messages in memory, while a claim of one hot key gets a run of $8. Rows: part (0 claimed, 1 run member, 2
-// carried success), then the claimed columns, key_seq (0 for none) and the
+// carried success fenced off: not written, usually none, as in
+// ClaimSettleSQL), then the claimed columns, key_seq (0 for none) and the
 // head's id for a run member.
 func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	tbl := QuoteTable(t)
@@ -205,7 +206,7 @@ func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	if topics == AllTopics {
 		inTopics = `coalesce(b.topic = ANY($7::text[]), true)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id, o.attempts, o.created_at`, topics) + `,
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics) + `,
 heads AS (
     SELECT c.id, s.message_key AS hk, s.key_seq AS hseq FROM claimed c JOIN ` + tbl + ` s ON s.id = c.id
     WHERE s.key_seq IS NOT NULL),
@@ -225,7 +226,8 @@ SELECT 0, ` + claimedColumns + `, coalesce(h.hseq, 0), NULL FROM claimed LEFT JO
 UNION ALL
 SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM runs
 UNION ALL
-SELECT 2, id::text, '', '', NULL, NULL, attempts, 0, 0, created_at, 0, NULL FROM done
+SELECT 2, f.id::text, '', '', NULL, NULL, f.attempts, 0, 0, now(), 0, NULL FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
+    WHERE f.id NOT IN (SELECT id FROM done)
 ORDER BY 1, 11`
 }
 
@@ -259,7 +261,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	}
 	defer rows.Close()
 	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
-	var done []outboxdriver.Fence
+	var off []outboxdriver.Fence
 	type member struct {
 		head outboxdriver.ID
 		c    outboxdriver.Claimed
@@ -287,7 +289,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 			}
 			run = append(run, member{h, c})
 		default:
-			done = append(done, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
+			off = append(off, outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts})
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -303,6 +305,11 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 				claimed[i].Run = append(claimed[i].Run, m.c)
 			}
 		}
+	}
+	var done []outboxdriver.Fence
+	if len(p.Done) > 0 {
+		// A copy: p.Done is the relay's buffer, reused by its next claim.
+		done = applied(slices.Clone(p.Done), off)
 	}
 	return claimed, done, nil
 }
@@ -320,9 +327,13 @@ func lockKeys(t outboxdriver.Table) string {
 // SettleRuns, after lockKeys). One element per run: $1 head ids, $2 head
 // attempts, $3 keys, $4 failed ids (NULL for none), $5 failed kinds (0
 // none, 1 retry, 2 dead), $6 retry delays in seconds, $7 retry times, $8
-// errors, $9 halt; and one per success: $10 ids and $11 the (1-based) run
-// they belong to. keep marks successes delivered instead of deleting
-// them. It returns the fences of the heads that held.
+// errors, $9 halt, $12 how many successes; and one per success: $10 ids
+// and $11 the (1-based) run they belong to. keep marks successes delivered
+// instead of deleting them. It returns the fences of the heads that held.
+// A held head fences its whole run (only the head's holder moves the
+// messages behind it), so a held run's $12 successes are all written, and
+// its key's live count drops by $12 (plus one for a message dead under
+// Continue).
 //
 // A head dead under Halt keeps settled_at NULL: Purge deletes only rows
 // settled before a time, so it never deletes a halted head (its key would
@@ -333,8 +344,10 @@ func lockKeys(t outboxdriver.Table) string {
 // taken while no row was processing, PostgreSQL scanned every processing
 // row of the claim index and compared each with every run: 1.4-4 s per
 // settle of 1,000 runs in a 10,000-key drain (auto_explain). The keys'
-// counts of written successes are grouped once (dn), not counted over all
-// of them for each run (0.2 s per 1,000 runs). Written rows and key rows
+// counts come with the runs ($12): counted from the deleted rows (a
+// grouping of done joined to the runs), the planner, expecting a handful of
+// rows, ran the grouping's output once per run (a nested loop: 145 of a
+// settle's 175 ms for 500 runs, auto_explain). Written rows and key rows
 // are reached through id = ANY(ARRAY(...)): as joins, the planner hashed
 // sequential scans of the outbox and keys tables.
 func SettleRunsSQL(t outboxdriver.Table, keep bool) string {
@@ -342,14 +355,14 @@ func SettleRunsSQL(t outboxdriver.Table, keep bool) string {
 	// Rows by primary key, through an array (a TID-free probe per id, as
 	// the claim does with its ctids): joined to d, the planner guessed
 	// thousands of rows and hashed a sequential scan of the whole table.
-	done := `DELETE FROM ` + tbl + ` AS o WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND o.state IN ('processing', 'blocked') RETURNING o.message_key`
+	done := `DELETE FROM ` + tbl + ` AS o WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND o.state IN ('processing', 'blocked')`
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL
-    WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND o.state IN ('processing', 'blocked') RETURNING o.message_key`
+    WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND o.state IN ('processing', 'blocked')`
 	}
 	return `WITH r AS (
-    SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::uuid[], $5::integer[], $6::float8[], $7::timestamptz[], $8::text[], $9::boolean[])
-        WITH ORDINALITY AS r(h_id, h_att, k, f_id, f_kind, f_delay, f_at, f_err, halt, n)),
+    SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::uuid[], $5::integer[], $6::float8[], $7::timestamptz[], $8::text[], $9::boolean[], $12::integer[])
+        WITH ORDINALITY AS r(h_id, h_att, k, f_id, f_kind, f_delay, f_at, f_err, halt, n_done, n)),
 ok AS MATERIALIZED (
     SELECT r.* FROM r CROSS JOIN LATERAL (
         SELECT 1 FROM ` + tbl + ` o WHERE o.id = r.h_id AND o.attempts = r.h_att AND o.state = 'processing' OFFSET 0) o),
@@ -377,14 +390,12 @@ nxt AS MATERIALIZED (
     WHERE ok.f_kind = 0 OR (ok.f_kind = 2 AND NOT ok.halt)),
 promoted AS (
     UPDATE ` + tbl + ` AS o SET state = 'pending' FROM nxt WHERE o.id = nxt.id AND o.state = 'blocked' RETURNING o.id),
-dn AS (
-    SELECT message_key AS k, count(*) AS n FROM done GROUP BY message_key),
 kk AS (
     UPDATE ` + keysTable(t) + ` AS ks SET live = ks.live - x.dec, halted_seq = coalesce(x.halted, ks.halted_seq) FROM (
         SELECT ok.k,
-            coalesce(dn.n, 0) + CASE WHEN ok.f_kind = 2 AND NOT ok.halt THEN 1 ELSE 0 END AS dec,
+            ok.n_done + CASE WHEN ok.f_kind = 2 AND NOT ok.halt THEN 1 ELSE 0 END AS dec,
             CASE WHEN ok.f_kind = 2 AND ok.halt THEN (SELECT s.key_seq FROM ` + tbl + ` s WHERE s.id = ok.f_id) END AS halted
-        FROM ok LEFT JOIN dn ON dn.k = ok.k) x
+        FROM ok) x
     WHERE ks.message_key = ANY (ARRAY(SELECT k FROM ok)) AND ks.message_key = x.k RETURNING 1)
 SELECT h_id::text, h_att FROM ok
     WHERE (SELECT count(*) FROM failed) >= 0 AND (SELECT count(*) FROM promoted) >= 0 AND (SELECT count(*) FROM kk) >= 0`
@@ -454,6 +465,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 		el(func(r *outboxdriver.RunOutcome) (string, bool) { return strconv.FormatBool(r.Halt && failed(r)), true }),
 		textArray(doneIDs),
 		arrayLiteral(len(doneRun), func(i int) (string, bool) { return strconv.Itoa(doneRun[i]), true }),
+		el(func(r *outboxdriver.RunOutcome) (string, bool) { return strconv.Itoa(len(r.Done)), true }),
 	}
 	q := settleRunsTexts.Get(t)[0]
 	if p.KeepDelivered {

@@ -41,6 +41,7 @@ var orderedCases = []envCase{
 	{"OrderedBatchRun", orderedBatchRun},
 	{"OrderedBatchMixedHandlers", orderedBatchMixedHandlers},
 	{"OrderedBatchSize", orderedBatchSize},
+	{"OrderedClaimCarriesDone", orderedClaimCarriesDone},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
@@ -820,5 +821,31 @@ func orderedRedriveDeleteActions(t *testing.T, e *env) {
 	next := e.publish(t, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "c", Key: "C"}, outbox.Message{Topic: "c", Key: "E"})
 	if got := e.states(t, resIDs(next)...); got != "pending pending pending" {
 		t.Errorf("new messages of H, C, E: %q, want pending pending pending (the keys' counts are off)", got)
+	}
+}
+
+// orderedClaimCarriesDone: an ordered claim that carries successes writes
+// those whose fence holds and reports exactly them as written: a stale one
+// (its attempts no longer the row's) changes nothing and is left out.
+func orderedClaimCarriesDone(t *testing.T, e *env) {
+	ids := resIDs(e.publish(t, outbox.Message{Topic: "x"}, outbox.Message{Topic: "x"}, outbox.Message{Topic: "x", Key: "K"}))
+	if cs := e.claimOrdered(t, 10, 10, time.Minute); len(cs) != 3 {
+		t.Fatalf("claimed %d, want 3", len(cs))
+	}
+	fresh := outboxdriver.Fence{ID: ids[0], Attempts: 1}
+	stale := outboxdriver.Fence{ID: ids[1], Attempts: 7}
+	cs, done, err := e.od(t).ClaimOrdered(context.Background(), e.DB, e.ob.Table(), outboxdriver.ClaimParams{
+		Topics: []string{"x"}, Limit: 10, Lease: time.Minute, MaxAttempts: 3, Done: []outboxdriver.Fence{fresh, stale}}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 0 {
+		t.Errorf("claimed %d held messages", len(cs))
+	}
+	if len(done) != 1 || done[0] != fresh {
+		t.Errorf("written %v, want only %v", done, fresh)
+	}
+	if got := e.states(t, ids...); got != "gone processing processing" {
+		t.Errorf("states %q, want the fresh success deleted, the stale one left", got)
 	}
 }
