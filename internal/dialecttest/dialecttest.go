@@ -73,8 +73,9 @@ func runCases(t *testing.T, h Harness, cfg outbox.Config, cases []envCase) {
 			}
 			e := newEnv(t, h)
 			if cfg != (outbox.Config{}) {
-				cfg.Table = e.Table
-				ob, err := outbox.New(h.Dialect, cfg)
+				c := cfg // a copy per case: the cases run in parallel
+				c.Table = e.Table
+				ob, err := outbox.New(h.Dialect, c)
 				if err != nil {
 					t.Fatal(err)
 				}
