@@ -75,7 +75,9 @@ var orderedTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) (o struct{ claim
 // claimed ordered heads (RunSQL). The read needs no transaction with the
 // claim: a run is blocked messages of a key whose head this claim now
 // holds, and while it is held nothing but a publisher changes them (it
-// appends committed messages after them).
+// appends committed messages after them). When the read fails, the claim
+// has committed all the same (as the carried settle has, before the plain
+// claim): its heads come back when their lease lapses, with their runs.
 func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, runLimit int) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	db = relayDB(db)
 	done, err := d.carried(ctx, db, t, p)
@@ -101,7 +103,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	}
 	rows, err := db.QueryDB(ctx, ot.runs, jsonText(heads), jsonText(p.Topics), runLimit)
 	if err != nil {
-		return nil, nil, d.Classify(err)
+		return nil, done, d.Classify(err)
 	}
 	defer rows.Close()
 	var c outboxdriver.Claimed
@@ -111,14 +113,14 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	for rows.Next() {
 		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, nil, err
+			return nil, done, err
 		}
 		h, err := outboxdriver.ParseID(head)
 		if err != nil {
-			return nil, nil, err
+			return nil, done, err
 		}
 		if c.ID, err = outboxdriver.ParseID(id); err != nil {
-			return nil, nil, err
+			return nil, done, err
 		}
 		c.CreatedAt = time.UnixMilli(created).UTC()
 		if i, ok := at[h]; ok { // rows come in key_seq order within a run
@@ -126,7 +128,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, d.Classify(err)
+		return nil, done, d.Classify(err)
 	}
 	return claimed, done, nil
 }
