@@ -82,11 +82,15 @@ func (d *dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
 		return n, d.Classify(err)
 	}
 	// The dead ordered messages matching f, a batch per transaction, each
-	// re-entering its key at its place.
+	// re-entering its key at its place. A read first: without one, no
+	// transaction (and no write lock) at all.
 	var oargs []any
-	pick := `rowid IN (SELECT rowid FROM ` + QuoteTable(t) + ` WHERE ` + inspectSQL.Where(&oargs, f, "", false) +
-		` AND state = 'dead' AND key_seq IS NOT NULL ORDER BY id LIMIT ` + strconv.Itoa(sqlbuild.InspectBatch) + `)`
-	oq := RedriveOrderedSQL(t, pick)
+	dead := ` FROM ` + QuoteTable(t) + ` WHERE ` + inspectSQL.Where(&oargs, f, "", false) + ` AND state = 'dead' AND key_seq IS NOT NULL`
+	oq := RedriveOrderedSQL(t, `rowid IN (SELECT rowid`+dead+` ORDER BY id LIMIT `+strconv.Itoa(sqlbuild.InspectBatch)+`)`)
+	found, err := count(ctx, rdb, `SELECT 1`+dead+` LIMIT 1`, oargs...)
+	if err != nil || found == 0 {
+		return n, d.Classify(err)
+	}
 	m, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (m int64, err error) {
 		err = inTx(ctx, db, func(tx outboxdriver.DB) error {
 			m, err = redriveOrdered(ctx, tx, t, oq, oargs...)
