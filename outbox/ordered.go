@@ -424,6 +424,9 @@ func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, s
 		ids = append(ids, id)
 	}
 	q, args := od.SequenceSQL(o.table, ids)
+	if q == "" { // the INSERT numbered them (SQLite's trigger)
+		return nil
+	}
 	_, err := o.query(ctx, tx, q, args, 0, false)
 	return err
 }

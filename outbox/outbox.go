@@ -94,7 +94,8 @@ type Config struct {
 	// delivered one at a time, in the order their transactions committed,
 	// while other keys flow; a failing message holds back only its key.
 	// Messages without a Key are unordered and pay nothing. Publishers of
-	// one key serialise on a row lock held until their commit. Every relay
+	// one key serialise on a row lock held until their commit (on SQLite,
+	// on the write lock every writer holds until its commit). Every relay
 	// of the table must be built from an Outbox with OrderByKey, with
 	// the same table. The guide's section "Ordered delivery" is the
 	// contract. Defaults to false.

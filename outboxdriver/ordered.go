@@ -45,7 +45,9 @@ type OrderedDialect interface {
 	// SequenceSQL returns the statement that numbers the ordered rows
 	// among ids (stored blocked without key_seq by Insert, in this
 	// transaction) as Insert does in its one-statement form: ids are in
-	// publish order.
+	// publish order. A dialect whose Insert numbers ordered rows in its
+	// one statement whatever their DedupKey (SQLite, through a trigger)
+	// returns an empty query, and Publish sends nothing more.
 	SequenceSQL(t Table, ids []ID) (query string, args []any)
 
 	// ClaimOrdered claims like Claim, with these differences: it never

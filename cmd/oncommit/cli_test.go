@@ -167,11 +167,11 @@ func cliRoundTrip(t *testing.T, d db) {
 		t.Errorf("purge --dry-run: %v", got)
 	}
 	d.ok(t, exitUsage, "purge", "--states", "pending", "--yes")
-	// Skip: PostgreSQL has ordered delivery (nothing halted here: nothing
-	// matched); the others say clearly that they have none.
-	if d.name == "postgres" {
+	// Skip: PostgreSQL and SQLite have ordered delivery (nothing halted
+	// here: nothing matched); MySQL says clearly that it has none.
+	if d.name == "postgres" || d.name == "sqlite" {
 		d.ok(t, exitNothing, "skip", "--state", "dead", "--yes")
-	} else if _, errs, code := d.run(t, "skip", "--state", "dead", "--yes"); code != exitError || !strings.Contains(errs, "skip needs ordered delivery, which only PostgreSQL has") {
+	} else if _, errs, code := d.run(t, "skip", "--state", "dead", "--yes"); code != exitError || !strings.Contains(errs, "skip needs ordered delivery, which only PostgreSQL and SQLite have") {
 		t.Errorf("skip on %s: exit %d, %q", d.name, code, errs)
 	}
 	w := lines(t, d.ok(t, 0, "watch", "--count", "2", "--interval", "10ms", "--json"))
@@ -231,12 +231,24 @@ func TestKindOf(t *testing.T) {
 	}
 }
 
-// TestSkip: on PostgreSQL, skip takes the dead head that halts an ordered
-// key (by id or filter), asks for --yes, says what it would change with
-// --dry-run, and logs who skipped what and how many; the key goes on.
+// TestSkip: on PostgreSQL and SQLite, skip takes the dead head that halts
+// an ordered key (by id or filter), asks for --yes, says what it would
+// change with --dry-run, and logs who skipped what and how many; the key
+// goes on.
 func TestSkip(t *testing.T) {
-	d := postgresDB(t)
-	d.dialect = postgres.Dialect()
+	t.Run("postgres", func(t *testing.T) {
+		d := postgresDB(t)
+		d.dialect = postgres.Dialect()
+		testSkip(t, d)
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		d := sqliteDB(t)
+		d.dialect = sqlite.Dialect()
+		testSkip(t, d)
+	})
+}
+
+func testSkip(t *testing.T, d db) {
 	d.ok(t, 0, "migrate", "up")
 	ob, err := outbox.New(d.dialect, outbox.Config{Table: d.table, OrderByKey: true})
 	if err != nil {

@@ -511,10 +511,10 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 			return err
 		}
 		if a == outbox.ActSkip && !t.ob.OrdersByKey() {
-			if t.kind == "postgres" { // see open: a name too long for its keys table
+			if ordered(t.kind) { // see open: a name too long for its keys table
 				return fmt.Errorf("%w: skip needs ordered delivery, which table %s cannot have (its name is too long for its keys table)", outbox.ErrUnsupported, t.table)
 			}
-			return fmt.Errorf("%w: skip needs ordered delivery, which only PostgreSQL has (this is %s): no key is halted, nothing to skip", outbox.ErrUnsupported, t.kind)
+			return fmt.Errorf("%w: skip needs ordered delivery, which only PostgreSQL and SQLite have (this is %s): no key is halted, nothing to skip", outbox.ErrUnsupported, t.kind)
 		}
 		// The count says how many messages the action would change now
 		// (for retry: pending ones, due or not; for skip: dead ones that

@@ -101,11 +101,11 @@ func open(ctx context.Context, g *globals) (*target, error) {
 		t.db.Close()
 		return nil, fmt.Errorf("connect to %s: %w", kind, err)
 	}
-	// On PostgreSQL the tool reads and acts on the table as an ordered
-	// Outbox: its stats count blocked keys, and skip works. Its migrations
-	// create the keys table; an ordered Outbox that never publishes sends
-	// the same listings and actions as a plain one.
-	cfg := outbox.Config{Table: table, OrderByKey: kind == "postgres"}
+	// On PostgreSQL and SQLite the tool reads and acts on the table as an
+	// ordered Outbox: its stats count blocked keys, and skip works. Their
+	// migrations create the keys table; an ordered Outbox that never
+	// publishes sends the same listings and actions as a plain one.
+	cfg := outbox.Config{Table: table, OrderByKey: ordered(kind)}
 	if t.ob, err = outbox.New(t.dialect, cfg); err != nil && cfg.OrderByKey {
 		cfg.OrderByKey = false // a table name too long for its keys table: no skip
 		t.ob, err = outbox.New(t.dialect, cfg)
@@ -237,3 +237,6 @@ func (t *target) migrateDown(ctx context.Context) (migrations.Migration, error) 
 	}
 	return migrations.Migration{}, errNothing
 }
+
+// ordered reports whether the dialect of kind delivers in order per key.
+func ordered(kind string) bool { return kind == "postgres" || kind == "sqlite" }

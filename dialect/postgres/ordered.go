@@ -653,31 +653,7 @@ func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	if err != nil {
 		return nil, err
 	}
-	at := make(map[string]int, len(ts))
-	for i := range ts {
-		at[ts[i].Topic] = i
-	}
-	rows, err := db.QueryDB(ctx, OrderedStatsSQL(t))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var s outboxdriver.TopicStats
-		var age int64
-		if err := rows.Scan(&s.Topic, &s.Blocked, &s.HeldKeys, &s.BlockedKeys, &age); err != nil {
-			return nil, err
-		}
-		i, found := at[s.Topic]
-		if !found {
-			// Only blocked messages: the topic was not in Stats.
-			i = len(ts)
-			ts = append(ts, outboxdriver.TopicStats{Topic: s.Topic})
-		}
-		ts[i].Blocked, ts[i].HeldKeys, ts[i].BlockedKeys = s.Blocked, s.HeldKeys, s.BlockedKeys
-		ts[i].OldestBlockedKey = time.Duration(age) * time.Microsecond
-	}
-	return ts, rows.Err()
+	return sqlbuild.OrderedStats(ctx, db, OrderedStatsSQL(t), ts, time.Microsecond)
 }
 
 // CheckOrdered reads nothing but the columns and table ordered delivery

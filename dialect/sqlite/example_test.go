@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
@@ -311,4 +312,66 @@ func Example_handleBatch() {
 	// batch 1: invoice.sent B-7 attempt 1
 	// batch 2: invoice.sent B-7 attempt 2
 	// messages left: 0
+}
+
+// Deliver an aggregate's messages in commit order, across topics, with
+// Config.OrderByKey: the first delivery of order A-1 fails and is
+// retried, and its later messages wait for it; order B-7 flows meanwhile.
+func Example_orderByKey() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{OrderByKey: true})
+	if err != nil {
+		panic(err)
+	}
+	for _, m := range []outbox.Message{
+		{Topic: "order.placed", Key: "A-1"}, {Topic: "order.placed", Key: "B-7"},
+		{Topic: "order.paid", Key: "A-1"}, {Topic: "order.shipped", Key: "A-1"},
+	} {
+		tx, _ := db.BeginTx(ctx, nil)
+		if _, err := ob.Publish(ctx, sqltx.From(tx), m); err != nil {
+			panic(err)
+		}
+		_ = tx.Commit()
+	}
+
+	relay, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{
+		Concurrency: 8, RetryBase: time.Millisecond, RetryCap: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		panic(err)
+	}
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	failed := false
+	h := func(ctx context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if d.Key == "A-1" && !failed {
+			failed = true
+			return errors.New("payment service down")
+		}
+		seen[d.Key] = append(seen[d.Key], d.Topic)
+		return nil
+	}
+	for _, topic := range []string{"order.placed", "order.paid", "order.shipped"} {
+		_ = relay.Handle(topic, h)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	for left := 1; left > 0; time.Sleep(10 * time.Millisecond) {
+		_ = db.QueryRowContext(ctx, `SELECT count(*) FROM outbox`).Scan(&left)
+	}
+	stop()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	fmt.Println("A-1:", strings.Join(seen["A-1"], ", "))
+	fmt.Println("B-7:", strings.Join(seen["B-7"], ", "))
+	// Output:
+	// A-1: order.placed, order.paid, order.shipped
+	// B-7: order.placed
 }

@@ -46,11 +46,24 @@ func (d *dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 // one statement (SQLite has one writer: the batch holds the write lock only
 // for its own rows, and publishers take their turn between batches), one
 // row returned per row changed.
+//
+// Ordered messages (key_seq set) that still hold their place in their key
+// are left alone: a redrive changes unordered dead messages only (the
+// ordered ones re-enter their keys through a batch of redriveOrdered), and
+// a delete never deletes a pending, blocked or halted ordered message (its
+// key would wait for ever for it), only delivered ones and dead ones that
+// no longer halt their key (settled: dead under ContinueKey, or skipped).
 func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
 	tbl := QuoteTable(t)
 	var args []any
 	where := inspectSQL.Where(&args, f, "", false)
 	act := inspectSQL.ActWhere(a, "")
+	switch a {
+	case outboxdriver.ActRedrive:
+		act += " AND key_seq IS NULL"
+	case outboxdriver.ActDelete:
+		act += " AND (key_seq IS NULL OR settled_at IS NOT NULL)"
+	}
 	pick := `rowid IN (SELECT rowid FROM ` + tbl + ` WHERE ` + where + ` AND ` + act +
 		` ORDER BY id LIMIT ` + strconv.Itoa(sqlbuild.InspectBatch) + `) AND ` + act
 	if a == outboxdriver.ActDelete {
@@ -61,9 +74,29 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 
 func (d *dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
 	q, args := ActSQL(t, a, f)
-	db = relayDB(db)
+	rdb := relayDB(db)
 	n, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
-		return count(ctx, db, q, args...)
+		return count(ctx, rdb, q, args...)
 	})
-	return n, d.Classify(err)
+	if err != nil || a != outboxdriver.ActRedrive {
+		return n, d.Classify(err)
+	}
+	// The dead ordered messages matching f, a batch per transaction, each
+	// re-entering its key at its place. A read first: without one, no
+	// transaction (and no write lock) at all.
+	var oargs []any
+	dead := ` FROM ` + QuoteTable(t) + ` WHERE ` + inspectSQL.Where(&oargs, f, "", false) + ` AND state = 'dead' AND key_seq IS NOT NULL`
+	oq := RedriveOrderedSQL(t, `rowid IN (SELECT rowid`+dead+` ORDER BY id LIMIT `+strconv.Itoa(sqlbuild.InspectBatch)+`)`)
+	found, err := count(ctx, rdb, `SELECT 1`+dead+` LIMIT 1`, oargs...)
+	if err != nil || found == 0 {
+		return n, d.Classify(err)
+	}
+	m, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (m int64, err error) {
+		err = inTx(ctx, db, func(tx outboxdriver.DB) error {
+			m, err = redriveOrdered(ctx, tx, t, oq, oargs...)
+			return err
+		})
+		return m, err
+	})
+	return n + m, d.Classify(err)
 }

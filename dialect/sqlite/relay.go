@@ -23,23 +23,30 @@ import (
 
 // ClaimSQL returns the claim statement for table t: ?1 topics (JSON array),
 // ?2 limit, ?3 lease in milliseconds, ?4 max attempts.
-func ClaimSQL(t outboxdriver.Table) string { return claimSQL(t, true) }
+func ClaimSQL(t outboxdriver.Table) string { return claimSQL(t, true, false) }
 
 // ClaimAllSQL is ClaimSQL for a claim of every topic (a relay with a
 // catch-all handler): no topic filter (?1 is not read). The claim index,
 // (available_at, id), does not lead with the topic: both forms read it
 // in claim order.
-func ClaimAllSQL(t outboxdriver.Table) string { return claimSQL(t, false) }
+func ClaimAllSQL(t outboxdriver.Table) string { return claimSQL(t, false, false) }
 
-func claimSQL(t outboxdriver.Table, byTopic bool) string {
+// claimSQL is ClaimSQL (ClaimAllSQL without byTopic), returning also each
+// row's key_seq (0 for an unordered row) when ordered: the claim of
+// ClaimOrdered.
+func claimSQL(t outboxdriver.Table, byTopic, ordered bool) string {
 	tbl := QuoteTable(t)
-	// spent: the row had its ?4 attempts since its last redrive.
-	const spent = `attempts - attempts_base >= ?4`
+	keySeq := ""
+	if ordered {
+		keySeq = ", coalesce(key_seq, 0)"
+	}
 	topics := `
       AND topic IN (SELECT value FROM json_each(?1))`
 	if !byTopic {
 		topics = ""
 	}
+	// spent: the row had its ?4 attempts since its last redrive.
+	const spent = `attempts - attempts_base >= ?4`
 	return `UPDATE ` + tbl + ` SET
     state        = CASE WHEN ` + spent + ` THEN 'dead' ELSE 'processing' END,
     settled_at   = CASE WHEN ` + spent + ` THEN ` + now + ` END,
@@ -51,7 +58,7 @@ WHERE rowid IN (
     WHERE state IN ('pending', 'processing') AND available_at <= ` + now + topics + `
     ORDER BY available_at, id
     LIMIT ?2)
-RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, attempts_base, state, created_at`
+RETURNING id, topic, coalesce(message_key, ''), payload, headers, attempts, attempts_base, state, created_at` + keySeq
 }
 
 // relayDB returns db as the relay's statements run on it: prepared, when db
@@ -138,22 +145,33 @@ func newTexts() relayTexts {
 // there is nothing to gain from one transaction for both.
 func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	db = relayDB(db)
-	var done []outboxdriver.Fence
-	if len(p.Done) > 0 {
-		var err error
-		done, err = d.settleKind(ctx, db, t, outboxdriver.SettleParams{KeepDelivered: p.KeepDelivered}, outboxdriver.SettleDone, sqlbuild.Successes(p.Done))
-		if err != nil {
-			return nil, nil, d.Classify(err)
-		}
+	done, err := d.carried(ctx, db, t, p)
+	if err != nil {
+		return nil, nil, err
 	}
-	claimed, err := d.claim(ctx, db, t, p)
+	q := d.texts.claim.Get(t)[0]
+	if p.AllTopics {
+		q = d.texts.claim.Get(t)[1]
+	}
+	claimed, err := d.claimWith(ctx, db, q, p, false)
 	return claimed, done, d.Classify(err)
 }
 
-func (d *dialect) claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
-	q, topics := d.texts.claim.Get(t)[0], jsonText(p.Topics)
+// carried settles the successes a claim carries (p.Done).
+func (d *dialect) carried(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Fence, error) {
+	if len(p.Done) == 0 {
+		return nil, nil
+	}
+	done, err := d.settleKind(ctx, db, t, outboxdriver.SettleParams{KeepDelivered: p.KeepDelivered}, outboxdriver.SettleDone, sqlbuild.Successes(p.Done))
+	return done, d.Classify(err)
+}
+
+// claimWith runs claim statement q (claimSQL's, with key_seq when
+// ordered) and scans the rows it claimed.
+func (d *dialect) claimWith(ctx context.Context, db outboxdriver.DB, q string, p outboxdriver.ClaimParams, ordered bool) ([]outboxdriver.Claimed, error) {
+	topics := jsonText(p.Topics)
 	if p.AllTopics {
-		q, topics = d.texts.claim.Get(t)[1], "[]"
+		topics = "[]" // not read
 	}
 	rows, err := db.QueryDB(ctx, q, topics, p.Limit, p.Lease.Milliseconds(), p.MaxAttempts)
 	if err != nil {
@@ -166,6 +184,9 @@ func (d *dialect) claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	var id, state string
 	var created int64
 	dest := []any{&id, &c.Topic, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &state, &created}
+	if ordered {
+		dest = append(dest, &c.KeySeq)
+	}
 	for rows.Next() {
 		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {

@@ -77,6 +77,9 @@ func Dialect() outboxdriver.Dialect {
 		NotBeforeArg: func(r *outboxdriver.Row) any { return r.NotBefore.UnixMilli() },
 		OnConflict:   ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
 		Returning:    ` RETURNING id`,
+		// Ordered rows are stored 'blocked'; migration 0004's trigger
+		// numbers them (see ordered.go).
+		OrderedBlocked: true,
 	}, texts: newTexts()}
 }
 
@@ -88,7 +91,7 @@ type dialect struct {
 func (*dialect) Name() string { return "sqlite" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true}
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true, Ordered: true}
 }
 
 // QuoteTable returns t as a quoted identifier.

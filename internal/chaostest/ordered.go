@@ -102,8 +102,8 @@ type OrderedReport struct {
 }
 
 // RunOrdered runs the ordered checker on b (or, in a child process, plays
-// a relay). The ledger and business tables use PostgreSQL's DDL: the
-// other dialects add theirs when they implement ordered delivery.
+// a relay). The ledger and business tables are written in b's dialect
+// (orderedDDL).
 func RunOrdered(t *testing.T, b Backend, o OrderedOptions) {
 	if b.Lease == 0 {
 		// Longer than the process-kill test's 3s: a lease that lapses
@@ -199,23 +199,50 @@ func orderedHandler(c *Conn, proc int, rate float64) outbox.Handler {
 	}
 }
 
-func createOrderedTables(ctx context.Context, c *Conn, keys []string) error {
+// orderedDDL is the spelling, in dialect's SQL, of the checker's key
+// column and of the ledger's auto-incremented primary key (its order is
+// the order of the ledger's commits).
+func orderedDDL(dialect string) (key, serial string) {
+	switch dialect {
+	case "postgres":
+		return "text", "bigserial PRIMARY KEY"
+	case "sqlite":
+		return "TEXT", "INTEGER PRIMARY KEY"
+	}
+	return "VARCHAR(64)", "BIGINT AUTO_INCREMENT PRIMARY KEY" // MySQL, MariaDB
+}
+
+func createOrderedTables(ctx context.Context, c *Conn, dialect string, keys []string) error {
 	tb := tablesOf(c)
+	key, serial := orderedDDL(dialect)
 	for _, q := range []string{
-		`CREATE TABLE ` + tb.agg + ` (k text PRIMARY KEY, version integer NOT NULL)`,
-		`CREATE TABLE ` + tb.msg + ` (id text PRIMARY KEY, k text NOT NULL, version integer NOT NULL)`,
+		`CREATE TABLE ` + tb.agg + ` (k ` + key + ` PRIMARY KEY, version integer NOT NULL)`,
+		`CREATE TABLE ` + tb.msg + ` (id ` + key + ` PRIMARY KEY, k ` + key + ` NOT NULL, version integer NOT NULL)`,
 		`CREATE TABLE ` + tb.healed + ` (x integer)`,
 	} {
 		if _, err := c.SQL.ExecContext(ctx, q); err != nil {
 			return err
 		}
 	}
-	if _, err := c.ledger().ExecContext(ctx, `CREATE TABLE `+tb.ledger+` (n bigserial PRIMARY KEY, id text NOT NULL, bkey text NOT NULL,
+	if _, err := c.ledger().ExecContext(ctx, `CREATE TABLE `+tb.ledger+` (n `+serial+`, id `+key+` NOT NULL, bkey `+key+` NOT NULL,
 		attempt integer NOT NULL, kind char(1) NOT NULL, proc integer NOT NULL, at_ns bigint NOT NULL)`); err != nil {
 		return err
 	}
-	_, err := c.SQL.ExecContext(ctx, c.q(`INSERT INTO `+tb.agg+` (k, version) SELECT unnest(?::text[]), 0`), "{"+strings.Join(keys, ",")+"}")
-	return err
+	// The aggregates, a few hundred per statement (placeholders: one per
+	// key, under every database's limit).
+	for len(keys) > 0 {
+		n := min(len(keys), 500)
+		args := make([]any, n)
+		for i := range n {
+			args[i] = keys[i]
+		}
+		q := `INSERT INTO ` + tb.agg + ` (k, version) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, 0), ", n), ", ")
+		if _, err := c.SQL.ExecContext(ctx, c.q(q), args...); err != nil {
+			return err
+		}
+		keys = keys[n:]
+	}
+	return nil
 }
 
 // producers publish every key's PerKey messages from o.Producers
@@ -359,7 +386,7 @@ func runOrderedParent(t *testing.T, b Backend, o OrderedOptions) *OrderedReport 
 		}
 	}
 	sort.Strings(keys)
-	if err := createOrderedTables(ctx, c, keys); err != nil {
+	if err := createOrderedTables(ctx, c, b.Dialect.Name(), keys); err != nil {
 		t.Fatal(err)
 	}
 	ob, err := outbox.New(b.Dialect, outbox.Config{Table: c.Table, OrderByKey: true})

@@ -33,6 +33,12 @@ type Insert struct {
 	// Notify, when not nil, wraps the INSERT (with or without its
 	// Returning clause) with the wake-up notification carrying payload.
 	Notify func(b *strings.Builder, insert string, t outboxdriver.Table, returning bool, payload string)
+	// OrderedBlocked, for a dialect that numbers ordered messages in the
+	// database as they are stored (SQLite's trigger), lists the state
+	// column when some row is Ordered: 'blocked' for the ordered rows,
+	// 'pending' for the others, as literals. A batch without an ordered
+	// row has the same text as without it.
+	OrderedBlocked bool
 
 	// stmts caches the text of statements whose rows are all immediate: a
 	// batch of n such rows always has the same text.
@@ -45,6 +51,7 @@ type stmtKey struct {
 	cols          uint8
 	dedup, notify bool
 	payload       string
+	ordered       bool // every row is Ordered (a mixed batch is not cached)
 }
 
 // Optional columns, present in the statement only when some row has a
@@ -72,6 +79,7 @@ var optional = [...]struct {
 func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake, text func(b []byte) any) (string, []any) {
 	var cols uint8
 	immediate := true
+	ordered := 0
 	for i := range rows {
 		r := &rows[i]
 		if r.Key != "" {
@@ -87,7 +95,13 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 			cols |= colDedup
 		}
 		immediate = immediate && r.Delay == 0 && r.NotBefore.IsZero()
+		if in.OrderedBlocked && r.Ordered {
+			ordered++
+		}
 	}
+	// cached: the text depends only on the key (a mixed batch's literals
+	// depend on which rows are ordered).
+	cached := immediate && (ordered == 0 || ordered == len(rows))
 	width := 2
 	for _, c := range optional {
 		if cols&c.bit != 0 {
@@ -120,11 +134,11 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 	}
 	dedup := cols&colDedup != 0
 	notify := wake.Send && in.Notify != nil
-	key := stmtKey{t, len(rows), cols, dedup, notify, ""}
+	key := stmtKey{t, len(rows), cols, dedup, notify, "", ordered > 0}
 	if notify {
 		key.payload = wake.Payload
 	}
-	if immediate {
+	if cached {
 		if q, ok := in.stmts.Load(key); ok {
 			return q.(string), args
 		}
@@ -142,6 +156,9 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 	}
 	if !immediate {
 		b.WriteString(", available_at")
+	}
+	if ordered > 0 {
+		b.WriteString(", state")
 	}
 	b.WriteString(") VALUES ")
 	n := 0
@@ -169,6 +186,13 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 				b.WriteString(in.Now)
 			}
 		}
+		switch {
+		case ordered == 0:
+		case r.Ordered:
+			b.WriteString(", 'blocked'")
+		default:
+			b.WriteString(", 'pending'")
+		}
 		b.WriteByte(')')
 	}
 	if dedup {
@@ -181,7 +205,7 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 		in.Notify(&w, q, t, dedup, wake.Payload)
 		q = w.String()
 	}
-	if immediate {
+	if cached {
 		in.stmts.Store(key, q)
 	}
 	return q, args

@@ -80,3 +80,34 @@ func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration
 	}
 	return out, rows.Err()
 }
+
+// OrderedStats adds to ts (from Stats) the fields of ordered delivery,
+// from a query whose rows are (topic, blocked messages, held keys,
+// blocked keys, age of the oldest blocked key's head as an integer number
+// of unit); a topic with only blocked messages, not in ts, is appended.
+func OrderedStats(ctx context.Context, db outboxdriver.DB, q string, ts []outboxdriver.TopicStats, unit time.Duration) ([]outboxdriver.TopicStats, error) {
+	at := make(map[string]int, len(ts))
+	for i := range ts {
+		at[ts[i].Topic] = i
+	}
+	rows, err := db.QueryDB(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s outboxdriver.TopicStats
+		var age int64
+		if err := rows.Scan(&s.Topic, &s.Blocked, &s.HeldKeys, &s.BlockedKeys, &age); err != nil {
+			return nil, err
+		}
+		i, found := at[s.Topic]
+		if !found {
+			i = len(ts)
+			ts = append(ts, outboxdriver.TopicStats{Topic: s.Topic})
+		}
+		ts[i].Blocked, ts[i].HeldKeys, ts[i].BlockedKeys = s.Blocked, s.HeldKeys, s.BlockedKeys
+		ts[i].OldestBlockedKey = time.Duration(age) * unit
+	}
+	return ts, rows.Err()
+}
