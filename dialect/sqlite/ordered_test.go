@@ -186,7 +186,7 @@ func TestOrderedPlans(t *testing.T) {
 		q    string
 		args []any
 	}{
-		"runs":    {sqlite.RunSQL(tbl), []any{`[["a","k",1]]`, `["x"]`, 10}},
+		"runs":    {sqlite.RunSQL(tbl), []any{`[["a","k",1]]`, `["x"]`, 10, false}},
 		"promote": {sqlite.PromoteSQL(tbl), []any{`["k"]`}},
 		"skip":    {sqlite.SkipHeadSQL(tbl), []any{"k", ""}},
 		"done":    {done, []any{`["a"]`}},
