@@ -400,6 +400,17 @@ func (o *Outbox) orderedDialect() outboxdriver.OrderedDialect {
 	return od
 }
 
+// needsSequence reports whether some ordered row has a DedupKey: then
+// Publish numbers the rows in a statement of their own ([Outbox.sequence]).
+func needsSequence(rows []outboxdriver.Row) bool {
+	for i := range rows {
+		if rows[i].Ordered && rows[i].DedupKey != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // sequence runs the second statement of a publish whose ordered messages
 // have a DedupKey (see [outboxdriver.OrderedDialect]): it numbers the
 // ordered messages the INSERT stored.
@@ -408,20 +419,24 @@ func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, s
 	if od == nil {
 		return nil
 	}
-	need := false
-	for i := range rows {
-		need = need || (rows[i].Ordered && rows[i].DedupKey != "")
-	}
-	if !need || len(stored) == 0 {
+	if !needsSequence(rows) || len(stored) == 0 {
 		return nil
 	}
-	ids := make([]ID, 0, len(stored))
-	for _, s := range stored {
-		id, err := ParseID(s)
-		if err != nil {
-			return err
+	// The stored ids in publish order, whatever order the database
+	// returned them in: SequenceSQL numbers a key's messages in the order
+	// of its list. All stored (no duplicate): every row, as Publish's
+	// results assume.
+	ids := rowIDs(rows)
+	if len(stored) != len(rows) {
+		got := make(map[ID]bool, len(stored))
+		for _, s := range stored {
+			id, err := ParseID(s)
+			if err != nil {
+				return err
+			}
+			got[id] = true
 		}
-		ids = append(ids, id)
+		ids = slices.DeleteFunc(ids, func(id ID) bool { return !got[id] })
 	}
 	q, args := od.SequenceSQL(o.table, ids)
 	if q == "" { // the INSERT numbered them (SQLite's trigger)

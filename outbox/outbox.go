@@ -280,14 +280,22 @@ type Statement struct {
 	// returns the ids of the messages stored.
 	StoredQuery string
 	StoredArgs  []any
+	// SequenceQuery and SequenceArgs, when SequenceQuery is not empty, are
+	// the statement Publish sends last, with [Config.OrderByKey], when an
+	// ordered message has a DedupKey: it numbers the ordered messages the
+	// INSERT stored (see [outboxdriver.OrderedDialect]). They are those of
+	// a publish that stored every message; a publish where some were
+	// duplicates numbers only the others (and sends none when all were).
+	SequenceQuery string
+	SequenceArgs  []any
 }
 
 // PublishSQL returns the exact statement Publish or PublishBatch sends for
 // msgs, for documentation and for pinning SQL in tests (see the outboxtest
 // package). It validates msgs like Publish. Each call generates fresh ids.
 // With Config.OrderByKey, when an ordered message has a DedupKey, Publish
-// sends a second statement that numbers the messages stored
-// ([outboxdriver.OrderedDialect]); the Statement does not show it.
+// sends a last statement that numbers the messages stored
+// ([outboxdriver.OrderedDialect]): Statement.SequenceQuery.
 func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	rows, err := o.rows(msgs)
 	if err != nil {
@@ -305,6 +313,9 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 				break
 			}
 		}
+	}
+	if od := o.orderedDialect(); od != nil && needsSequence(rows) {
+		st.SequenceQuery, st.SequenceArgs = od.SequenceSQL(o.table, st.IDs)
 	}
 	return st, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/big"
 	"reflect"
+	"strings"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/outbox"
@@ -157,4 +158,100 @@ func equalJSON(a, b any) bool {
 		return true
 	}
 	return reflect.DeepEqual(a, b)
+}
+
+// arrayElems returns the elements of a, when a is a one-dimensional
+// PostgreSQL array literal of quoted elements and NULLs, as the dialect
+// writes them ({"a",NULL,"b\"c"}): each a string, or nil for NULL. A JSON
+// document is never one (an object's members have a colon; {} has no
+// element and no message makes an empty array).
+func arrayElems(a any) ([]any, bool) {
+	s, ok := a.(string)
+	if !ok || len(s) < 3 || s[0] != '{' || s[len(s)-1] != '}' {
+		return nil, false
+	}
+	var out []any
+	for i := 1; ; {
+		switch {
+		case strings.HasPrefix(s[i:], "NULL"):
+			out = append(out, nil)
+			i += len("NULL")
+		case s[i] == '"':
+			var b strings.Builder
+			for i++; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' {
+					i++
+					if i == len(s) {
+						return nil, false
+					}
+				}
+				b.WriteByte(s[i])
+			}
+			if i >= len(s)-1 {
+				return nil, false
+			}
+			out = append(out, b.String())
+			i++
+		default:
+			return nil, false
+		}
+		switch {
+		case i == len(s)-1:
+			return out, true
+		case s[i] == ',':
+			i++
+		default:
+			return nil, false
+		}
+	}
+}
+
+// arrayMatch matches an array literal element by element: a nil element
+// matches NULL, a sqlmock.Argument matches the element's text, and any
+// other value is compared with it.
+type arrayMatch []driver.Value
+
+func (m arrayMatch) Match(v driver.Value) bool {
+	if b, ok := v.([]byte); ok {
+		v = string(b)
+	}
+	got, ok := arrayElems(v)
+	if !ok || len(got) != len(m) {
+		return false
+	}
+	for i, want := range m {
+		switch w := want.(type) {
+		case nil:
+			if got[i] != nil {
+				return false
+			}
+		case sqlmock.Argument:
+			if got[i] == nil || !w.Match(got[i]) {
+				return false
+			}
+		default:
+			if got[i] != want {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// String shows the expected elements in sqlmock's messages.
+func (m arrayMatch) String() string {
+	parts := make([]string, len(m))
+	for i, w := range m {
+		switch w := w.(type) {
+		case nil:
+			parts[i] = "NULL"
+		case fmt.Stringer:
+			parts[i] = w.String()
+		case anyID:
+			parts[i] = "any id"
+		default:
+			parts[i] = fmt.Sprintf("%q", w)
+		}
+	}
+	return "array {" + strings.Join(parts, ", ") + "}"
 }

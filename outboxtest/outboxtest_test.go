@@ -155,10 +155,20 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 	other := func(f func(m *outbox.Message)) outbox.Message { m := sent; f(&m); return m }
 
 	for _, mt := range matchers {
-		for _, notify := range []outbox.NotifyMode{outbox.NotifyAuto, outbox.NotifyOff} {
-			ob, err := outbox.New(postgres.Dialect(), outbox.Config{Notify: notify, NotifyInterval: outbox.NotifyEvery})
+		for _, cfg := range []outbox.Config{
+			{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery},
+			{Notify: outbox.NotifyOff},
+			// Ordered: one array per column, and with a DedupKey a second
+			// statement that numbers the stored messages.
+			{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery, OrderByKey: true},
+			{Notify: outbox.NotifyOff, OrderByKey: true},
+		} {
+			ob, err := outbox.New(postgres.Dialect(), cfg)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if st, err := ob.PublishSQL(dedup(want)); err != nil || (st.SequenceQuery != "") != cfg.OrderByKey {
+				t.Fatalf("OrderByKey %v: SequenceQuery %q, %v", cfg.OrderByKey, st.SequenceQuery, err)
 			}
 			expected := at(want, time.Now().Add(time.Hour))
 			for _, tc := range []struct {
@@ -176,8 +186,12 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 				{"other item order", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Payload = []byte(`{"order_id":"A-1","total":2.5,"items":["y","x"]}`) })}, false},
 				{"other header", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Headers = map[string]string{"trace": "t2", "type": "json"} })}, false},
 				{"other key", []outbox.Message{want}, []outbox.Message{other(func(m *outbox.Message) { m.Key = "A-2" })}, false},
+				{"batch of two keys", []outbox.Message{want, other(func(m *outbox.Message) { m.Key = "B-1"; m.Payload = want.Payload }), dedup(want)},
+					[]outbox.Message{sent, other(func(m *outbox.Message) { m.Key = "B-1" }), dedup(sent)}, true},
+				{"batch, other order", []outbox.Message{want, other(func(m *outbox.Message) { m.Key = "B-1"; m.Payload = want.Payload })},
+					[]outbox.Message{other(func(m *outbox.Message) { m.Key = "B-1" }), sent}, false},
 			} {
-				t.Run(fmt.Sprintf("%s/notify%d/%s", mt.name, notify, tc.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/notify%d/ordered=%v/%s", mt.name, cfg.Notify, cfg.OrderByKey, tc.name), func(t *testing.T) {
 					db, mock := newMock(t, mt.opt)
 					mock.ExpectBegin()
 					outboxtest.ExpectPublish(mock, ob, tc.want...)

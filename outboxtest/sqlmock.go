@@ -46,6 +46,12 @@ const NotBeforeTolerance = 5 * time.Second
 // coalescing Outbox the expectation fails every time, and its message says
 // so.
 //
+// With Config.OrderByKey, when an ordered message has a DedupKey, the
+// expectation of a publish that stored its messages is followed by the
+// statement that numbers them (outbox.Statement.SequenceQuery), an
+// ExpectExec; ExpectPublishDuplicate and ExpectPublishError register none,
+// as Publish sends none.
+//
 // If a message is invalid, the expectation answers with Publish's
 // validation error instead; since Publish refuses such a message without
 // sending SQL, the expectation then stays unmet and
@@ -125,6 +131,7 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans 
 			ids[i] = AnyID() // generated ids
 		}
 		mock.ExpectQuery(literal(st.StoredQuery)).WithArgs(ids...).WillReturnRows(rows)
+		expectSequence(mock, st, ans, literal)
 		return
 	}
 	e := mock.ExpectQuery(query).WithArgs(args...)
@@ -133,26 +140,39 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans 
 		return
 	}
 	e.WillReturnRows(rows)
+	expectSequence(mock, st, ans, literal)
 }
 
-// argMatchers returns the expected arguments of st, the statement for
-// msgs: the generated ids replaced by AnyID, the JSON columns by JSONEq and
-// the NotBefore instants by a range of NotBeforeTolerance either side. The
-// arguments of each kind are found by building the statement again with
-// only that kind of value changed, so no dialect's argument layout is
-// assumed.
-func argMatchers(ob *outbox.Outbox, msgs []outbox.Message, st outbox.Statement) []driver.Value {
-	args := make([]driver.Value, len(st.Args))
+// expectSequence registers the statement that numbers the stored ordered
+// messages (outbox.Statement.SequenceQuery), when Publish sends one: after
+// a publish that stored them (none is sent when every message was a
+// duplicate).
+func expectSequence(mock sqlmock.Sqlmock, st outbox.Statement, ans answer, literal func(string) string) {
+	if st.SequenceQuery == "" || ans != answerStored {
+		return
+	}
 	ids := make(map[string]bool, len(st.IDs))
 	for _, id := range st.IDs {
 		ids[id.String()] = true
 	}
-	isID := make([]bool, len(st.Args))
-	for i, a := range st.Args {
-		args[i] = a
-		if s, ok := a.(string); ok && ids[s] {
-			args[i], isID[i] = AnyID(), true
-		}
+	args := make([]driver.Value, len(st.SequenceArgs))
+	for i, a := range st.SequenceArgs {
+		args[i] = argMatcher(a, ids, probes{})
+	}
+	mock.ExpectExec(literal(st.SequenceQuery)).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, int64(len(st.IDs))))
+}
+
+// argMatchers returns the expected arguments of st, the statement for
+// msgs: the generated ids replaced by AnyID, the JSON columns by JSONEq and
+// the NotBefore instants by a range of NotBeforeTolerance either side,
+// element by element in an argument that is an array literal (PostgreSQL's
+// ordered publish passes one array per column). The arguments of each kind
+// are found by building the statement again with only that kind of value
+// changed, so no dialect's argument layout is assumed.
+func argMatchers(ob *outbox.Outbox, msgs []outbox.Message, st outbox.Statement) []driver.Value {
+	ids := make(map[string]bool, len(st.IDs))
+	for _, id := range st.IDs {
+		ids[id.String()] = true
 	}
 	// changed rebuilds the statement with change applied to a copy of each
 	// message and returns the arguments, or nil when it cannot.
@@ -169,7 +189,7 @@ func argMatchers(ob *outbox.Outbox, msgs []outbox.Message, st outbox.Statement) 
 	}
 	// JSON columns: the same documents with a trailing space, and one
 	// more header.
-	if probe := changed(func(m *outbox.Message) {
+	json := changed(func(m *outbox.Message) {
 		if len(m.Payload) > 0 {
 			m.Payload = append(slices.Clip(m.Payload), ' ')
 		}
@@ -181,13 +201,7 @@ func argMatchers(ob *outbox.Outbox, msgs []outbox.Message, st outbox.Statement) 
 			h["outboxtest.probe"] += "probe" // differs whatever the message has
 			m.Headers = h
 		}
-	}); probe != nil {
-		for i := range args {
-			if !isID[i] && !reflect.DeepEqual(probe[i], st.Args[i]) {
-				args[i] = jsonArg(st.Args[i])
-			}
-		}
-	}
+	})
 	shift := func(d time.Duration) []any {
 		return changed(func(m *outbox.Message) {
 			if !m.NotBefore.IsZero() {
@@ -195,17 +209,71 @@ func argMatchers(ob *outbox.Outbox, msgs []outbox.Message, st outbox.Statement) 
 			}
 		})
 	}
+	var lo, hi []any
 	if slices.ContainsFunc(msgs, func(m outbox.Message) bool { return !m.NotBefore.IsZero() }) {
-		lo, hi := shift(-NotBeforeTolerance), shift(NotBeforeTolerance)
-		if lo != nil && hi != nil {
-			for i := range args {
-				if !isID[i] && !reflect.DeepEqual(lo[i], st.Args[i]) {
-					args[i] = between{lo[i], hi[i]}
-				}
-			}
+		lo, hi = shift(-NotBeforeTolerance), shift(NotBeforeTolerance)
+	}
+	args := make([]driver.Value, len(st.Args))
+	for i, a := range st.Args {
+		var p probes
+		if json != nil {
+			p.json, p.hasJSON = json[i], true
 		}
+		if lo != nil && hi != nil {
+			p.lo, p.hi, p.hasTime = lo[i], hi[i], true
+		}
+		args[i] = argMatcher(a, ids, p)
 	}
 	return args
+}
+
+// probes are the values an argument took in the statements built with
+// the JSON documents changed (json) and NotBefore moved back and forth
+// (lo, hi), when they could be built.
+type probes struct {
+	json, lo, hi     any
+	hasJSON, hasTime bool
+}
+
+// argMatcher returns the matcher of one expected argument a (see
+// argMatchers): an id of ids matches any id; a value that changed with
+// the JSON documents matches as JSON, one that moved with NotBefore
+// matches the range; an array literal matches element by element.
+func argMatcher(a any, ids map[string]bool, p probes) driver.Value {
+	if el, ok := arrayElems(a); ok {
+		elem := func(v any, has bool, j int) (any, bool) {
+			if !has {
+				return nil, false
+			}
+			vs, ok := arrayElems(v)
+			if !ok || len(vs) != len(el) {
+				return nil, false
+			}
+			return vs[j], true
+		}
+		m := make(arrayMatch, len(el))
+		for j, e := range el {
+			var q probes
+			q.json, q.hasJSON = elem(p.json, p.hasJSON, j)
+			q.lo, q.hasTime = elem(p.lo, p.hasTime, j)
+			q.hi, q.hasTime = elem(p.hi, q.hasTime, j)
+			m[j] = e
+			if e != nil {
+				m[j] = argMatcher(e, ids, q)
+			}
+		}
+		return m
+	}
+	if s, ok := a.(string); ok && ids[s] {
+		return AnyID()
+	}
+	if p.hasTime && !reflect.DeepEqual(p.lo, a) {
+		return between{p.lo, p.hi}
+	}
+	if p.hasJSON && !reflect.DeepEqual(p.json, a) {
+		return jsonArg(a)
+	}
+	return a
 }
 
 // matchesEqual reports whether mock, made by sqlmock.New, matches queries
@@ -238,7 +306,17 @@ func (b between) Match(v driver.Value) bool {
 		return ok && !t.Before(lo) && !t.After(b.hi.(time.Time))
 	case string:
 		s, ok := v.(string)
-		return ok && s >= lo && s <= b.hi.(string)
+		if !ok {
+			return false
+		}
+		// An instant as RFC 3339 text (an element of PostgreSQL's
+		// timestamptz[] literal) does not order as text: compare instants.
+		tl, el := time.Parse(time.RFC3339Nano, lo)
+		th, eh := time.Parse(time.RFC3339Nano, b.hi.(string))
+		if t, e := time.Parse(time.RFC3339Nano, s); el == nil && eh == nil && e == nil {
+			return !t.Before(tl) && !t.After(th)
+		}
+		return s >= lo && s <= b.hi.(string)
 	case int64:
 		n, ok := v.(int64)
 		return ok && n >= lo && n <= b.hi.(int64)
