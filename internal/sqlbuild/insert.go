@@ -5,6 +5,7 @@ package sqlbuild
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -43,6 +44,46 @@ type Insert struct {
 	// stmts caches the text of statements whose rows are all immediate: a
 	// batch of n such rows always has the same text.
 	stmts sync.Map
+	// last holds, per statement shape (shapeOf), the statement of that
+	// shape last returned from stmts: a publisher that keeps sending the
+	// same statement finds it with a comparison of keys, where the
+	// sync.Map's lookup hashes the key through an interface.
+	last [shapes]atomic.Pointer[cachedStmt]
+}
+
+// cachedStmt is one entry of Insert.last.
+type cachedStmt struct {
+	key stmtKey
+	q   string
+}
+
+// shapes is the number of statement shapes: the optional columns (4 bits),
+// notify and ordered.
+const shapes = 1 << 6
+
+func shapeOf(k *stmtKey) int {
+	i := int(k.cols)
+	if k.notify {
+		i |= 1 << 4
+	}
+	if k.ordered {
+		i |= 1 << 5
+	}
+	return i
+}
+
+// cached returns the cached text of the statement of key k, if any.
+func (in *Insert) cached(k *stmtKey) (string, bool) {
+	slot := &in.last[shapeOf(k)]
+	if c := slot.Load(); c != nil && c.key == *k {
+		return c.q, true
+	}
+	q, ok := in.stmts.Load(*k)
+	if !ok {
+		return "", false
+	}
+	slot.Store(&cachedStmt{*k, q.(string)})
+	return q.(string), true
 }
 
 type stmtKey struct {
@@ -139,8 +180,8 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 		key.payload = wake.Payload
 	}
 	if cached {
-		if q, ok := in.stmts.Load(key); ok {
-			return q.(string), args
+		if q, ok := in.cached(&key); ok {
+			return q, args
 		}
 	}
 	var b strings.Builder
@@ -207,6 +248,7 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 	}
 	if cached {
 		in.stmts.Store(key, q)
+		in.last[shapeOf(&key)].Store(&cachedStmt{key, q})
 	}
 	return q, args
 }
