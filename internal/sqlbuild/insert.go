@@ -150,17 +150,21 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 		}
 	}
 	args := make([]any, 0, len(rows)*width)
+	// The rows of a batch often share a topic, a key or a payload: a value
+	// equal to the previous row's (a payload: the same bytes in memory)
+	// reuses that row's argument instead of boxing or copying it again.
+	var topicArg, keyArg, payloadArg, headersArg prevArg
 	for i := range rows {
 		r := &rows[i]
-		args = append(args, r.ID.String(), r.Topic)
+		args = append(args, r.ID.String(), topicArg.str(r.Topic, boxString))
 		if cols&colKey != 0 {
-			args = append(args, nullString(r.Key))
+			args = append(args, keyArg.str(r.Key, nullString))
 		}
 		if cols&colPayload != 0 {
-			args = append(args, nullBytes(r.Payload, text))
+			args = append(args, payloadArg.bytes(r.Payload, text))
 		}
 		if cols&colHeaders != 0 {
-			args = append(args, nullBytes(r.Headers, text))
+			args = append(args, headersArg.bytes(r.Headers, text))
 		}
 		if cols&colDedup != 0 {
 			args = append(args, nullString(r.DedupKey))
@@ -252,6 +256,36 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 	}
 	return q, args
 }
+
+// prevArg is the argument Build made for a column of the previous row, and
+// the value it made it from.
+type prevArg struct {
+	s   string
+	b   []byte
+	arg any
+	set bool
+}
+
+// str returns the argument for s: the previous one when s is equal to its
+// value, else conv(s).
+func (p *prevArg) str(s string, conv func(string) any) any {
+	if !p.set || s != p.s {
+		p.s, p.arg, p.set = s, conv(s), true
+	}
+	return p.arg
+}
+
+// bytes returns the argument for b: the previous one when b is the same
+// bytes in memory as its value (so their text is equal), else
+// nullBytes(b, text).
+func (p *prevArg) bytes(b []byte, text func([]byte) any) any {
+	if !p.set || len(b) != len(p.b) || len(b) > 0 && &b[0] != &p.b[0] || (b == nil) != (p.b == nil) {
+		p.b, p.arg, p.set = b, nullBytes(b, text), true
+	}
+	return p.arg
+}
+
+func boxString(s string) any { return s }
 
 // nullString maps "" to SQL NULL.
 func nullString(s string) any {

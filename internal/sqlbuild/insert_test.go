@@ -54,3 +54,38 @@ func TestBuildCache(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildArgsShared checks the arguments of rows that share values with
+// the row before them and of rows that do not: each argument is the row's
+// own value (NULL for an empty key, a nil payload or nil headers), whether
+// it was reused from the previous row or made anew.
+func TestBuildArgsShared(t *testing.T) {
+	p1, p2 := []byte(`{"a":1}`), []byte(`{"a":1}`) // equal text, other memory
+	h := []byte(`{"h":"v"}`)
+	rows := []outboxdriver.Row{
+		{Topic: "t", Key: "k", Payload: p1, Headers: h},
+		{Topic: "t", Key: "k", Payload: p1, Headers: h},
+		{Topic: "u", Key: "", Payload: p2},
+		{Topic: "u", Key: "", Payload: p2[:0]},
+		{Topic: "t", Key: "k", Payload: nil, Headers: h[:0]},
+		{Topic: "t", Key: "k2", Payload: p1[:3]},
+		{Topic: "t", Key: "k2", Payload: p1},
+	}
+	for i := range rows {
+		rows[i].ID = outboxdriver.NewID()
+	}
+	text := func(b []byte) any { return "text:" + string(b) }
+	_, args := testInsert().Build(`"o"`, outboxdriver.Table{Name: "o"}, rows, outboxdriver.Wake{}, text)
+	const width = 5 // id, topic, key, payload, headers
+	if len(args) != width*len(rows) {
+		t.Fatalf("%d arguments for %d rows", len(args), len(rows))
+	}
+	for i, r := range rows {
+		want := []any{r.ID.String(), r.Topic, nullString(r.Key), nullBytes(r.Payload, text), nullBytes(r.Headers, text)}
+		for c, w := range want {
+			if got := args[width*i+c]; got != w {
+				t.Errorf("row %d, column %d: %#v, want %#v", i, c, got, w)
+			}
+		}
+	}
+}
