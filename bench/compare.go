@@ -114,8 +114,19 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 			if !want(p.name) {
 				continue
 			}
-			for _, s := range rotate(publishers) {
-				res.add(p.name, s.name, "msg/s", true, publishRun(ctx, s, p.producers, p.txs, p.perTx, nil))
+			// Client CPU per message: getrusage of this process over the
+			// timed transactions (no consumer runs meanwhile), which does
+			// not depend on how loaded the host is as throughput does.
+			var cpus []float64
+			order := rotate(publishers)
+			for _, s := range order {
+				var cpu0 time.Duration
+				rate := publishRun(ctx, s, p.producers, p.txs, p.perTx, func() { cpu0 = processCPU() })
+				cpus = append(cpus, float64((processCPU()-cpu0).Nanoseconds())/1e3/float64(p.txs/p.producers*p.producers*p.perTx))
+				res.add(p.name, s.name, "msg/s", true, rate)
+			}
+			for i, s := range order {
+				res.add(p.name+"-cpu", s.name, "us/msg", false, cpus[i])
 			}
 		}
 		for _, procs := range []int{1, 4} {

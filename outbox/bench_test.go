@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -102,6 +103,7 @@ func BenchmarkPublish(b *testing.B) {
 				defer conn.Close(ctx)
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu0 := processCPU(b)
 				tx, err := conn.Begin(ctx)
 				if err != nil {
 					b.Fatal(err)
@@ -122,9 +124,20 @@ func BenchmarkPublish(b *testing.B) {
 				if err := tx.Commit(ctx); err != nil {
 					b.Fatal(err)
 				}
+				b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
 			})
 		}
 	}
+}
+
+// processCPU is the CPU time (user and system) this process has used, in
+// nanoseconds.
+func processCPU(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 // BenchmarkPublishSQL measures the client side alone: validating 100

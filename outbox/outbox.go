@@ -242,8 +242,22 @@ func (o *Outbox) Notifies() bool { return o.wakeLoud.Send }
 // is sent, so tx stays usable. A message whose DedupKey is taken is not an
 // error: the Result says Duplicate, and tx stays usable.
 func (o *Outbox) Publish(ctx context.Context, tx Tx, msg Message) (Result, error) {
+	if o.cfg.Hook != nil {
+		// The hook's event keeps the results: they live on the heap.
+		res := make([]Result, 1)
+		if err := o.publish(ctx, tx, []Message{msg}, res); err != nil {
+			return Result{}, err
+		}
+		return res[0], nil
+	}
+	// Without a hook nothing keeps msg or the result: both stay on the
+	// stack.
 	var res [1]Result
-	if err := o.publish(ctx, tx, []Message{msg}, res[:]); err != nil {
+	msgs := [1]Message{msg}
+	if err := o.checkPublish(ctx, tx); err != nil {
+		return Result{}, err
+	}
+	if err := o.insert(ctx, tx, msgs[:], res[:]); err != nil {
 		return Result{}, err
 	}
 	return res[0], nil
@@ -344,14 +358,20 @@ func (o *Outbox) rows(msgs []Message) ([]outboxdriver.Row, error) {
 	return rows, nil
 }
 
-func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Result) error {
+// checkPublish refuses a publish whose context is done or whose
+// transaction cannot take a statement, before anything is sent.
+func (o *Outbox) checkPublish(ctx context.Context, tx Tx) error {
 	if err := ctx.Err(); err != nil {
 		return wrapOp(ctx, "publish", err)
 	}
 	if tx == nil {
 		return ErrNilTx
 	}
-	if err := tx.CheckTx(); err != nil {
+	return tx.CheckTx()
+}
+
+func (o *Outbox) publish(ctx context.Context, tx Tx, msgs []Message, res []Result) error {
+	if err := o.checkPublish(ctx, tx); err != nil {
 		return err
 	}
 	if o.cfg.Hook != nil {

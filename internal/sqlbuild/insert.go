@@ -5,6 +5,7 @@ package sqlbuild
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -43,6 +44,46 @@ type Insert struct {
 	// stmts caches the text of statements whose rows are all immediate: a
 	// batch of n such rows always has the same text.
 	stmts sync.Map
+	// last holds, per statement shape (shapeOf), the statement of that
+	// shape last returned from stmts: a publisher that keeps sending the
+	// same statement finds it with a comparison of keys, where the
+	// sync.Map's lookup hashes the key through an interface.
+	last [shapes]atomic.Pointer[cachedStmt]
+}
+
+// cachedStmt is one entry of Insert.last.
+type cachedStmt struct {
+	key stmtKey
+	q   string
+}
+
+// shapes is the number of statement shapes: the optional columns (4 bits),
+// notify and ordered.
+const shapes = 1 << 6
+
+func shapeOf(k *stmtKey) int {
+	i := int(k.cols)
+	if k.notify {
+		i |= 1 << 4
+	}
+	if k.ordered {
+		i |= 1 << 5
+	}
+	return i
+}
+
+// cached returns the cached text of the statement of key k, if any.
+func (in *Insert) cached(k *stmtKey) (string, bool) {
+	slot := &in.last[shapeOf(k)]
+	if c := slot.Load(); c != nil && c.key == *k {
+		return c.q, true
+	}
+	q, ok := in.stmts.Load(*k)
+	if !ok {
+		return "", false
+	}
+	slot.Store(&cachedStmt{*k, q.(string)})
+	return q.(string), true
 }
 
 type stmtKey struct {
@@ -109,17 +150,21 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 		}
 	}
 	args := make([]any, 0, len(rows)*width)
+	// The rows of a batch often share a topic, a key or a payload: a value
+	// equal to the previous row's (a payload: the same bytes in memory)
+	// reuses that row's argument instead of boxing or copying it again.
+	var topicArg, keyArg, payloadArg, headersArg prevArg
 	for i := range rows {
 		r := &rows[i]
-		args = append(args, r.ID.String(), r.Topic)
+		args = append(args, r.ID.String(), topicArg.str(r.Topic, boxString))
 		if cols&colKey != 0 {
-			args = append(args, nullString(r.Key))
+			args = append(args, keyArg.str(r.Key, nullString))
 		}
 		if cols&colPayload != 0 {
-			args = append(args, nullBytes(r.Payload, text))
+			args = append(args, payloadArg.bytes(r.Payload, text))
 		}
 		if cols&colHeaders != 0 {
-			args = append(args, nullBytes(r.Headers, text))
+			args = append(args, headersArg.bytes(r.Headers, text))
 		}
 		if cols&colDedup != 0 {
 			args = append(args, nullString(r.DedupKey))
@@ -139,8 +184,8 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 		key.payload = wake.Payload
 	}
 	if cached {
-		if q, ok := in.stmts.Load(key); ok {
-			return q.(string), args
+		if q, ok := in.cached(&key); ok {
+			return q, args
 		}
 	}
 	var b strings.Builder
@@ -207,9 +252,40 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 	}
 	if cached {
 		in.stmts.Store(key, q)
+		in.last[shapeOf(&key)].Store(&cachedStmt{key, q})
 	}
 	return q, args
 }
+
+// prevArg is the argument Build made for a column of the previous row, and
+// the value it made it from.
+type prevArg struct {
+	s   string
+	b   []byte
+	arg any
+	set bool
+}
+
+// str returns the argument for s: the previous one when s is equal to its
+// value, else conv(s).
+func (p *prevArg) str(s string, conv func(string) any) any {
+	if !p.set || s != p.s {
+		p.s, p.arg, p.set = s, conv(s), true
+	}
+	return p.arg
+}
+
+// bytes returns the argument for b: the previous one when b is the same
+// bytes in memory as its value (so their text is equal), else
+// nullBytes(b, text).
+func (p *prevArg) bytes(b []byte, text func([]byte) any) any {
+	if !p.set || len(b) != len(p.b) || len(b) > 0 && &b[0] != &p.b[0] || (b == nil) != (p.b == nil) {
+		p.b, p.arg, p.set = b, nullBytes(b, text), true
+	}
+	return p.arg
+}
+
+func boxString(s string) any { return s }
 
 // nullString maps "" to SQL NULL.
 func nullString(s string) any {
