@@ -18,14 +18,24 @@ import (
 // enough slots are free (see threshold), so a busy relay claims in batches
 // rather than one row per finished handler.
 //
+// Claims run on their own goroutine, and while claims keep filling their
+// limit the loop keeps up to maxInFlight of them in flight at once (see
+// claimsInFlight): a draining relay then does not wait, between claims,
+// for each claim's round trip and commit while its database has a core to
+// spare. The slots of the claims in flight count as taken, so the handlers
+// running and the rows claimed never exceed RelayConfig.Concurrency.
+//
 // While claims fail, it waits out the backoff whatever wakes it
 // (notification, reconnect, freed slot): a sick database gets a few claims
 // a second at most, not one per wake-up. Until the table has been checked
 // (see check), a failed claim checks it again, and a missing table ends
-// the loop with that error.
+// the loop with that error. When ctx ends it starts no claim, and returns
+// once the claims in flight have returned and their messages have been
+// dispatched.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup, checked bool) error {
 	sl := &slots{freed: make(chan struct{}, 1)}
-	free := func() int { return r.cfg.Concurrency - int(sl.running.Load()) }
+	reserved := 0 // the slots of the claims in flight (their limits)
+	free := func() int { return r.cfg.Concurrency - int(sl.running.Load()) - reserved }
 	// After a full claim, claim again once this many slots are free: a whole
 	// batch when the slots hold two batches (one runs while the next is
 	// claimed), else half of what fits.
@@ -33,9 +43,29 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	if r.cfg.Concurrency >= 2*r.cfg.BatchSize {
 		threshold = r.cfg.BatchSize
 	}
-	// The handler whose end frees the threshold-th slot signals freed:
-	// the loop waits on freed only for that.
-	sl.signalAt = int64(r.cfg.Concurrency - threshold)
+	// The handler whose end frees the threshold-th slot (counting the
+	// claims in flight as taken) signals freed: the loop waits on freed
+	// only for that.
+	setSignal := func() { sl.signalAt.Store(int64(r.cfg.Concurrency - threshold - reserved)) }
+	setSignal()
+	maxInFlight := r.claimsInFlight()
+	results := make(chan claimResult, maxInFlight)
+	bufs := make([]*claimBuf, maxInFlight)
+	for i := range bufs {
+		bufs[i] = &claimBuf{}
+	}
+	inFlight := 0
+	startClaim := func(limit int) {
+		b := bufs[len(bufs)-1]
+		bufs = bufs[:len(bufs)-1]
+		inFlight++
+		reserved += limit
+		setSignal()
+		go func() {
+			claimed, err := r.claimFinishing(ctx, limit, b)
+			results <- claimResult{claimed: claimed, err: err, limit: limit, buf: b}
+		}()
+	}
 	// Handler goroutines take claimed messages from queue.
 	var queue *handlerQueue
 	queue = newHandlerQueue(func() { go r.work(queue, workers, sl) })
@@ -47,51 +77,69 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	failures := 0
 	var retryAt time.Time   // while claims fail: no claim before this
 	full := false           // the last claim filled its limit: more may be due
+	kick := false           // a poll or wake-up asks for a claim
 	var trail time.Duration // the follow-up step in force, 0 for none
 	var woke time.Time      // with trail: when the relay was woken, or a follow-up last found messages
 	for {
-		wait := !full || free() < threshold
-		r.backToBack.Store(!wait)
-		if wait {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-poll.C:
-				resetTimer(poll, r.cfg.PollInterval)
-			case <-r.wake:
-			case <-sl.freed:
-				if !full || free() < threshold {
-					continue
-				}
-			}
-		}
-		if ctx.Err() != nil {
+		stopping := ctx.Err() != nil
+		if stopping && inFlight == 0 {
 			return nil
 		}
-		if failures > 0 && time.Now().Before(retryAt) {
-			continue // backing off: the poll timer fires at retryAt
+		// Back to back: the last claim filled its limit and enough slots
+		// are free (the claims in flight counted as taken).
+		eager := full && free() >= threshold
+		r.backToBack.Store(full && (eager || inFlight > 0))
+		// A poll or wake-up claims when no claim is in flight (one that
+		// comes meanwhile claims after it); back to back, claims overlap
+		// up to maxInFlight.
+		if !stopping && ((kick && inFlight == 0) || (eager && inFlight < maxInFlight)) {
+			kick = false
+			if failures > 0 && time.Now().Before(retryAt) {
+				// Backing off: the poll timer fires at retryAt.
+			} else if nfree := free(); nfree > 0 {
+				startClaim(min(nfree, r.cfg.BatchSize))
+				continue
+			} // else all slots busy: wait for the next poll or wake-up
 		}
-		nfree := free()
-		if nfree == 0 {
-			continue // all slots busy: wait for the next poll or wake-up
+		done := ctx.Done()
+		if stopping {
+			done = nil // only the claims in flight are waited for
 		}
-		limit := min(nfree, r.cfg.BatchSize)
-		claimed, err := r.claimFinishing(ctx, limit)
+		var res claimResult
+		select {
+		case <-done:
+			continue
+		case <-poll.C:
+			resetTimer(poll, r.cfg.PollInterval)
+			kick = true
+			continue
+		case <-r.wake:
+			kick = true
+			continue
+		case <-sl.freed:
+			continue
+		case res = <-results:
+		}
+		inFlight--
+		reserved -= res.limit
+		setSignal()
+		bufs = append(bufs, res.buf)
+		claimed, err := res.claimed, res.err
 		if err != nil {
+			full = false
 			if ctx.Err() != nil {
-				return nil
+				continue
 			}
 			r.health.claimed(err)
 			if !checked {
 				var cerr error
 				if checked, cerr = r.check(ctx); cerr != nil {
-					return cerr
+					return cerr // the claims in flight return into results' buffer
 				}
 			}
 			failures++
 			wait := claimRetry(r.cfg.PollInterval).Delay(failures)
 			r.log.Error("outbox: claim failed", "err", err, "retry_in", wait, "failures", failures)
-			full = false
 			retryAt = time.Now().Add(wait)
 			resetTimer(poll, wait)
 			continue
@@ -119,11 +167,11 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			clear(dispatch)
 			lastDispatch = time.Now()
 		}
-		full = len(claimed) == limit
+		full = len(claimed) == res.limit
 		if len(claimed) == 0 && time.Since(lastDispatch) > workerIdle {
 			queue.retire()
 		}
-		if !full {
+		if !full && ctx.Err() == nil {
 			// A coalescing publisher's notification asks for follow-up
 			// claims: publishes it made silent commit later, some as
 			// late as their transactions last. Follow up at short
@@ -154,6 +202,40 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	}
 }
 
+// maxInFlight bounds the claims a relay keeps in flight at once while
+// its claims keep filling their limit (see claimLoop): two, so that one
+// claim's round trip and commit overlap the next's, as two relays' do.
+const maxInFlight = 2
+
+// claimsInFlight is how many claims the claim loop may have in flight at
+// once: maxInFlight when the dialect's claims may overlap
+// (Capabilities.OverlappingClaims) and the handler slots hold two batches
+// (Concurrency >= 2*BatchSize); one for ordered delivery, whose claims
+// follow each other (ordered.go).
+func (r *Relay) claimsInFlight() int {
+	if r.ord != nil || !r.ob.caps.OverlappingClaims || r.cfg.Concurrency < 2*r.cfg.BatchSize {
+		return 1
+	}
+	return maxInFlight
+}
+
+// claimResult is what a claim running on its own goroutine hands back to
+// the claim loop.
+type claimResult struct {
+	claimed []outboxdriver.Claimed
+	err     error
+	limit   int
+	buf     *claimBuf
+}
+
+// claimBuf holds one claim's buffers for the successes it carries, reused
+// from claim to claim (the dialect does not keep ClaimParams.Done): one
+// per claim in flight.
+type claimBuf struct {
+	done   []queued
+	fences []outboxdriver.Fence
+}
+
 // claimRetry is the backoff after failed claims: from 100 ms up to the poll
 // interval or 10 s, whichever is longer.
 func claimRetry(poll time.Duration) backoff.Policy {
@@ -166,12 +248,12 @@ func claimRetry(poll time.Duration) backoff.Policy {
 // server a cancel request), and the last settle at shutdown then waits for
 // the cancelled statement's row locks. The rows it claims are handled
 // within the grace period like those of earlier claims.
-func (r *Relay) claimFinishing(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
+func (r *Relay) claimFinishing(ctx context.Context, limit int, b *claimBuf) ([]outboxdriver.Claimed, error) {
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(min(r.cfg.ShutdownGrace, time.Second), cancel) })
 	defer stop()
-	return r.claim(cctx, limit)
+	return r.claim(cctx, limit, b)
 }
 
 func resetTimer(t *time.Timer, d time.Duration) {
@@ -205,21 +287,21 @@ func (r *Relay) signal() {
 	}
 }
 
-func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
+// claim claims up to limit messages, carrying the successes waiting (up
+// to maxSettleBatch) in b's buffers.
+func (r *Relay) claim(ctx context.Context, limit int, b *claimBuf) ([]outboxdriver.Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	// Only the claim loop claims: the buffers are reused from claim to
-	// claim (the dialect does not keep ClaimParams.Done).
-	done := r.out.takeDoneInto(r.claimDone[:0], maxSettleBatch)
-	r.claimDone = done
+	done := r.out.takeDoneInto(b.done[:0], maxSettleBatch)
+	b.done = done
 	if len(done) > 0 {
 		r.carried.Store(time.Now().UnixNano())
 	}
-	fences := r.claimFences[:0]
+	fences := b.fences[:0]
 	for i := range done {
 		fences = append(fences, done[i].Fence)
 	}
-	r.claimFences = fences
+	b.fences = fences
 	var start time.Time
 	if r.cfg.Observer != nil {
 		start = time.Now()
