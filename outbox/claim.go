@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -326,7 +327,9 @@ func (r *Relay) claim(ctx context.Context, limit int, b *claimBuf) ([]outboxdriv
 	} else if len(done) > 0 {
 		var batch []outboxdriver.Settlement
 		if r.cfg.Tracer != nil {
-			batch = settlements(done)
+			// applied may be b.fences itself (see Claim's doc): the tracer
+			// gets copies, the buffers are reused by a later claim.
+			batch, applied = settlements(done), slices.Clone(applied)
 		}
 		r.report(ctx, len(done), batch, applied, true, start, nil)
 	}
