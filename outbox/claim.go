@@ -21,9 +21,9 @@ import (
 //
 // Claims run on their own goroutine, and while claims keep filling their
 // limit the loop keeps up to maxInFlight of them in flight at once (see
-// claimsInFlight): a draining relay then does not wait, between claims,
-// for each claim's round trip and commit while its database has a core to
-// spare. The slots of the claims in flight count as taken, so the handlers
+// claimsInFlight), while overlapping pays (see overlapGauge): a draining
+// relay then does not wait, between claims, for each claim's round trip
+// and commit while its database has a core to spare. The slots of the claims in flight count as taken, so the handlers
 // running and the rows claimed never exceed RelayConfig.Concurrency.
 //
 // While claims fail, it waits out the backoff whatever wakes it
@@ -56,9 +56,16 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		bufs[i] = &claimBuf{}
 	}
 	inFlight := 0
+	var flying []*claimBuf // the claims in flight
+	var gauge overlapGauge
 	startClaim := func(limit int) {
 		b := bufs[len(bufs)-1]
 		bufs = bufs[:len(bufs)-1]
+		b.started, b.overlapped = time.Now(), len(flying) > 0
+		for _, o := range flying {
+			o.overlapped = true
+		}
+		flying = append(flying, b)
 		inFlight++
 		reserved += limit
 		setSignal()
@@ -92,8 +99,8 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		r.backToBack.Store(full && (eager || inFlight > 0))
 		// A poll or wake-up claims when no claim is in flight (one that
 		// comes meanwhile claims after it); back to back, claims overlap
-		// up to maxInFlight.
-		if !stopping && ((kick && inFlight == 0) || (eager && inFlight < maxInFlight)) {
+		// up to maxInFlight while overlapping pays.
+		if !stopping && ((kick && inFlight == 0) || (eager && (inFlight == 0 || inFlight < maxInFlight && gauge.pays()))) {
 			kick = false
 			if failures > 0 && time.Now().Before(retryAt) {
 				// Backing off: the poll timer fires at retryAt.
@@ -125,6 +132,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		reserved -= res.limit
 		setSignal()
 		bufs = append(bufs, res.buf)
+		flying = slices.DeleteFunc(flying, func(b *claimBuf) bool { return b == res.buf })
 		claimed, err := res.claimed, res.err
 		if err != nil {
 			full = false
@@ -169,6 +177,9 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			lastDispatch = time.Now()
 		}
 		full = len(claimed) == res.limit
+		if full && res.limit == r.cfg.BatchSize && maxInFlight > 1 {
+			gauge.record(time.Since(res.buf.started), res.buf.overlapped)
+		}
 		if len(claimed) == 0 && time.Since(lastDispatch) > workerIdle {
 			queue.retire()
 		}
@@ -220,6 +231,68 @@ func (r *Relay) claimsInFlight() int {
 	return maxInFlight
 }
 
+// overlapGauge tells whether a relay's claims gain from overlapping: they
+// do while the database has a core to spare, and do not when it is busy
+// (a loaded host, or several relays already claiming at once: then two
+// claims in flight each take about twice as long, and claims that skip
+// more locked rows take longer still). It keeps moving averages of the
+// durations of full claims made alone and overlapped, and lets claims
+// overlap while an overlapped claim takes less than overlapGain times one
+// made alone (two in flight then deliver more than one). Every probeEvery
+// full claims, the next probeClaims claims go the other way, from a fresh
+// average, so that both follow the database's load.
+type overlapGauge struct {
+	solo, over time.Duration // 0 until the first sample
+	claims     int           // full claims since the last probe
+	probing    int           // claims of the probe left
+	probeOver  bool          // the probe's claims overlap
+}
+
+const (
+	overlapGain = 1.4
+	probeEvery  = 64
+	probeClaims = 8
+)
+
+// record adds the duration of a full claim, made overlapped or alone.
+func (g *overlapGauge) record(d time.Duration, overlapped bool) {
+	avg := &g.solo
+	if overlapped {
+		avg = &g.over
+	}
+	if *avg == 0 {
+		*avg = d
+	} else {
+		*avg += (d - *avg) / 8
+	}
+	if g.probing > 0 {
+		g.probing--
+		return
+	}
+	if g.claims++; g.claims >= probeEvery {
+		g.claims, g.probing = 0, probeClaims
+		if g.probeOver = !g.gains(); g.probeOver {
+			g.over = 0
+		} else {
+			g.solo = 0
+		}
+	}
+}
+
+// gains reports whether the averages say overlapping pays (or cannot tell
+// yet).
+func (g *overlapGauge) gains() bool {
+	return g.solo == 0 || g.over == 0 || float64(g.over) < overlapGain*float64(g.solo)
+}
+
+// pays reports whether the next claim should overlap the one in flight.
+func (g *overlapGauge) pays() bool {
+	if g.probing > 0 {
+		return g.probeOver
+	}
+	return g.gains()
+}
+
 // claimResult is what a claim running on its own goroutine hands back to
 // the claim loop.
 type claimResult struct {
@@ -235,6 +308,10 @@ type claimResult struct {
 type claimBuf struct {
 	done   []queued
 	fences []outboxdriver.Fence
+	// started is when the claim started; overlapped is set when another
+	// claim was in flight at some time during it (see overlapGauge).
+	started    time.Time
+	overlapped bool
 }
 
 // claimRetry is the backoff after failed claims: from 100 ms up to the poll
