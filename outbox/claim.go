@@ -19,24 +19,14 @@ import (
 // enough slots are free (see threshold), so a busy relay claims in batches
 // rather than one row per finished handler.
 //
-// Claims run on their own goroutine, and while claims keep filling their
-// limit the loop keeps up to maxInFlight of them in flight at once (see
-// claimsInFlight), while overlapping pays (see overlapGauge): a draining
-// relay then does not wait, between claims, for each claim's round trip
-// and commit while its database has a core to spare. The slots of the claims in flight count as taken, so the handlers
-// running and the rows claimed never exceed RelayConfig.Concurrency.
-//
 // While claims fail, it waits out the backoff whatever wakes it
 // (notification, reconnect, freed slot): a sick database gets a few claims
 // a second at most, not one per wake-up. Until the table has been checked
 // (see check), a failed claim checks it again, and a missing table ends
-// the loop with that error. When ctx ends it starts no claim, and returns
-// once the claims in flight have returned and their messages have been
-// dispatched.
+// the loop with that error.
 func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGroup, checked bool) error {
 	sl := &slots{freed: make(chan struct{}, 1)}
-	reserved := 0 // the slots of the claims in flight (their limits)
-	free := func() int { return r.cfg.Concurrency - int(sl.running.Load()) - reserved }
+	free := func() int { return r.cfg.Concurrency - int(sl.running.Load()) }
 	// After a full claim, claim again once this many slots are free: a whole
 	// batch when the slots hold two batches (one runs while the next is
 	// claimed), else half of what fits.
@@ -44,36 +34,9 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	if r.cfg.Concurrency >= 2*r.cfg.BatchSize {
 		threshold = r.cfg.BatchSize
 	}
-	// The handler whose end frees the threshold-th slot (counting the
-	// claims in flight as taken) signals freed: the loop waits on freed
-	// only for that.
-	setSignal := func() { sl.signalAt.Store(int64(r.cfg.Concurrency - threshold - reserved)) }
-	setSignal()
-	maxInFlight := r.claimsInFlight()
-	results := make(chan claimResult, maxInFlight)
-	bufs := make([]*claimBuf, maxInFlight)
-	for i := range bufs {
-		bufs[i] = &claimBuf{}
-	}
-	inFlight := 0
-	var flying []*claimBuf // the claims in flight
-	var gauge overlapGauge
-	startClaim := func(limit int) {
-		b := bufs[len(bufs)-1]
-		bufs = bufs[:len(bufs)-1]
-		b.started, b.overlapped = time.Now(), len(flying) > 0
-		for _, o := range flying {
-			o.overlapped = true
-		}
-		flying = append(flying, b)
-		inFlight++
-		reserved += limit
-		setSignal()
-		go func() {
-			claimed, err := r.claimFinishing(ctx, limit, b)
-			results <- claimResult{claimed: claimed, err: err, limit: limit, buf: b}
-		}()
-	}
+	// The handler whose end frees the threshold-th slot signals freed:
+	// the loop waits on freed only for that.
+	sl.signalAt = int64(r.cfg.Concurrency - threshold)
 	// Handler goroutines take claimed messages from queue.
 	var queue *handlerQueue
 	queue = newHandlerQueue(func() { go r.work(queue, workers, sl) })
@@ -85,70 +48,51 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	failures := 0
 	var retryAt time.Time   // while claims fail: no claim before this
 	full := false           // the last claim filled its limit: more may be due
-	kick := false           // a poll or wake-up asks for a claim
 	var trail time.Duration // the follow-up step in force, 0 for none
 	var woke time.Time      // with trail: when the relay was woken, or a follow-up last found messages
 	for {
-		stopping := ctx.Err() != nil
-		if stopping && inFlight == 0 {
+		wait := !full || free() < threshold
+		r.backToBack.Store(!wait)
+		if wait {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-poll.C:
+				resetTimer(poll, r.cfg.PollInterval)
+			case <-r.wake:
+			case <-sl.freed:
+				if !full || free() < threshold {
+					continue
+				}
+			}
+		}
+		if ctx.Err() != nil {
 			return nil
 		}
-		// Back to back: the last claim filled its limit and enough slots
-		// are free (the claims in flight counted as taken).
-		eager := full && free() >= threshold
-		r.backToBack.Store(full && (eager || inFlight > 0))
-		// A poll or wake-up claims when no claim is in flight (one that
-		// comes meanwhile claims after it); back to back, claims overlap
-		// up to maxInFlight while overlapping pays.
-		if !stopping && ((kick && inFlight == 0) || (eager && (inFlight == 0 || inFlight < maxInFlight && gauge.pays()))) {
-			kick = false
-			if failures > 0 && time.Now().Before(retryAt) {
-				// Backing off: the poll timer fires at retryAt.
-			} else if nfree := free(); nfree > 0 {
-				startClaim(min(nfree, r.cfg.BatchSize))
-				continue
-			} // else all slots busy: wait for the next poll or wake-up
+		if failures > 0 && time.Now().Before(retryAt) {
+			continue // backing off: the poll timer fires at retryAt
 		}
-		done := ctx.Done()
-		if stopping {
-			done = nil // only the claims in flight are waited for
+		nfree := free()
+		if nfree == 0 {
+			continue // all slots busy: wait for the next poll or wake-up
 		}
-		var res claimResult
-		select {
-		case <-done:
-			continue
-		case <-poll.C:
-			resetTimer(poll, r.cfg.PollInterval)
-			kick = true
-			continue
-		case <-r.wake:
-			kick = true
-			continue
-		case <-sl.freed:
-			continue
-		case res = <-results:
-		}
-		inFlight--
-		reserved -= res.limit
-		setSignal()
-		bufs = append(bufs, res.buf)
-		flying = slices.DeleteFunc(flying, func(b *claimBuf) bool { return b == res.buf })
-		claimed, err := res.claimed, res.err
+		limit := min(nfree, r.cfg.BatchSize)
+		claimed, err := r.claimFinishing(ctx, limit)
 		if err != nil {
-			full = false
 			if ctx.Err() != nil {
-				continue
+				return nil
 			}
 			r.health.claimed(err)
 			if !checked {
 				var cerr error
 				if checked, cerr = r.check(ctx); cerr != nil {
-					return cerr // the claims in flight return into results' buffer
+					return cerr
 				}
 			}
 			failures++
 			wait := claimRetry(r.cfg.PollInterval).Delay(failures)
 			r.log.Error("outbox: claim failed", "err", err, "retry_in", wait, "failures", failures)
+			full = false
 			retryAt = time.Now().Add(wait)
 			resetTimer(poll, wait)
 			continue
@@ -176,14 +120,11 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			clear(dispatch)
 			lastDispatch = time.Now()
 		}
-		full = len(claimed) == res.limit
-		if full && res.limit == r.cfg.BatchSize && maxInFlight > 1 {
-			gauge.record(time.Since(res.buf.started), res.buf.overlapped)
-		}
+		full = len(claimed) == limit
 		if len(claimed) == 0 && time.Since(lastDispatch) > workerIdle {
 			queue.retire()
 		}
-		if !full && ctx.Err() == nil {
+		if !full {
 			// A coalescing publisher's notification asks for follow-up
 			// claims: publishes it made silent commit later, some as
 			// late as their transactions last. Follow up at short
@@ -214,106 +155,6 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 	}
 }
 
-// maxInFlight bounds the claims a relay keeps in flight at once while
-// its claims keep filling their limit (see claimLoop): two, so that one
-// claim's round trip and commit overlap the next's, as two relays' do.
-const maxInFlight = 2
-
-// claimsInFlight is how many claims the claim loop may have in flight at
-// once: maxInFlight when the dialect's claims may overlap
-// (Capabilities.OverlappingClaims) and the handler slots hold two batches
-// (Concurrency >= 2*BatchSize); one for ordered delivery, whose claims
-// follow each other (ordered.go).
-func (r *Relay) claimsInFlight() int {
-	if r.ord != nil || !r.ob.caps.OverlappingClaims || r.cfg.Concurrency < 2*r.cfg.BatchSize {
-		return 1
-	}
-	return maxInFlight
-}
-
-// overlapGauge tells whether a relay's claims gain from overlapping: they
-// do while the database has a core to spare, and do not when it is busy
-// (a loaded host, or several relays already claiming at once: then two
-// claims in flight each take about twice as long, and claims that skip
-// more locked rows take longer still). It keeps moving averages of the
-// durations of full claims made alone and overlapped, and lets claims
-// overlap while an overlapped claim takes less than overlapGain times one
-// made alone (two in flight then deliver more than one). Every probeEvery
-// full claims, the next probeClaims claims go the other way, from a fresh
-// average, so that both follow the database's load.
-type overlapGauge struct {
-	solo, over time.Duration // 0 until the first sample
-	claims     int           // full claims since the last probe
-	probing    int           // claims of the probe left
-	probeOver  bool          // the probe's claims overlap
-}
-
-const (
-	overlapGain = 1.4
-	probeEvery  = 64
-	probeClaims = 8
-)
-
-// record adds the duration of a full claim, made overlapped or alone.
-func (g *overlapGauge) record(d time.Duration, overlapped bool) {
-	avg := &g.solo
-	if overlapped {
-		avg = &g.over
-	}
-	if *avg == 0 {
-		*avg = d
-	} else {
-		*avg += (d - *avg) / 8
-	}
-	if g.probing > 0 {
-		g.probing--
-		return
-	}
-	if g.claims++; g.claims >= probeEvery {
-		g.claims, g.probing = 0, probeClaims
-		if g.probeOver = !g.gains(); g.probeOver {
-			g.over = 0
-		} else {
-			g.solo = 0
-		}
-	}
-}
-
-// gains reports whether the averages say overlapping pays (or cannot tell
-// yet).
-func (g *overlapGauge) gains() bool {
-	return g.solo == 0 || g.over == 0 || float64(g.over) < overlapGain*float64(g.solo)
-}
-
-// pays reports whether the next claim should overlap the one in flight.
-func (g *overlapGauge) pays() bool {
-	if g.probing > 0 {
-		return g.probeOver
-	}
-	return g.gains()
-}
-
-// claimResult is what a claim running on its own goroutine hands back to
-// the claim loop.
-type claimResult struct {
-	claimed []outboxdriver.Claimed
-	err     error
-	limit   int
-	buf     *claimBuf
-}
-
-// claimBuf holds one claim's buffers for the successes it carries, reused
-// from claim to claim (the dialect does not keep ClaimParams.Done): one
-// per claim in flight.
-type claimBuf struct {
-	done   []queued
-	fences []outboxdriver.Fence
-	// started is when the claim started; overlapped is set when another
-	// claim was in flight at some time during it (see overlapGauge).
-	started    time.Time
-	overlapped bool
-}
-
 // claimRetry is the backoff after failed claims: from 100 ms up to the poll
 // interval or 10 s, whichever is longer.
 func claimRetry(poll time.Duration) backoff.Policy {
@@ -326,12 +167,12 @@ func claimRetry(poll time.Duration) backoff.Policy {
 // server a cancel request), and the last settle at shutdown then waits for
 // the cancelled statement's row locks. The rows it claims are handled
 // within the grace period like those of earlier claims.
-func (r *Relay) claimFinishing(ctx context.Context, limit int, b *claimBuf) ([]outboxdriver.Claimed, error) {
+func (r *Relay) claimFinishing(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(min(r.cfg.ShutdownGrace, time.Second), cancel) })
 	defer stop()
-	return r.claim(cctx, limit, b)
+	return r.claim(cctx, limit)
 }
 
 func resetTimer(t *time.Timer, d time.Duration) {
@@ -365,21 +206,21 @@ func (r *Relay) signal() {
 	}
 }
 
-// claim claims up to limit messages, carrying the successes waiting (up
-// to maxSettleBatch) in b's buffers.
-func (r *Relay) claim(ctx context.Context, limit int, b *claimBuf) ([]outboxdriver.Claimed, error) {
+func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	done := r.out.takeDoneInto(b.done[:0], maxSettleBatch)
-	b.done = done
+	// Only the claim loop claims: the buffers are reused from claim to
+	// claim (the dialect does not keep ClaimParams.Done).
+	done := r.out.takeDoneInto(r.claimDone[:0], maxSettleBatch)
+	r.claimDone = done
 	if len(done) > 0 {
 		r.carried.Store(time.Now().UnixNano())
 	}
-	fences := b.fences[:0]
+	fences := r.claimFences[:0]
 	for i := range done {
 		fences = append(fences, done[i].Fence)
 	}
-	b.fences = fences
+	r.claimFences = fences
 	var start time.Time
 	if r.cfg.Observer != nil {
 		start = time.Now()
@@ -404,8 +245,8 @@ func (r *Relay) claim(ctx context.Context, limit int, b *claimBuf) ([]outboxdriv
 	} else if len(done) > 0 {
 		var batch []outboxdriver.Settlement
 		if r.cfg.Tracer != nil {
-			// applied may be b.fences itself (see Claim's doc): the tracer
-			// gets copies, the buffers are reused by a later claim.
+			// applied may be r.claimFences itself (see Claim's doc): the tracer
+			// gets a copy, the buffer is reused by the next claim.
 			batch, applied = settlements(done), slices.Clone(applied)
 		}
 		r.report(ctx, len(done), batch, applied, true, start, nil)

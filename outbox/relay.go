@@ -63,13 +63,16 @@ type Relay struct {
 	// carried is when a claim last carried successes (unix nanoseconds):
 	// while claims keep coming, the settler leaves successes to them.
 	carried atomic.Int64
-	// backToBack is set while the claim loop is claiming back to back
-	// (its last claim filled its limit, and enough slots are free or a
-	// claim is in flight): the next claim comes within about one claim's
-	// time and can carry the successes, so the settler leaves them to it
-	// as when claims carry. It is clear while the loop waits for slots, a
-	// poll or a wake-up.
+	// backToBack is set while the claim loop is claiming again at once
+	// (its last claim filled its limit and enough slots are free): the
+	// next claim comes within about one claim's time and can carry the
+	// successes, so the settler leaves them to it as when claims carry.
+	// It is clear while the loop waits (for slots, a poll or a wake-up).
 	backToBack atomic.Bool
+	// claimDone and claimFences are the claim loop's buffers for the
+	// successes a claim carries.
+	claimDone   []queued
+	claimFences []outboxdriver.Fence
 
 	// ord is the state of ordered delivery (see ordered.go), nil unless
 	// the Outbox has OrderByKey.

@@ -82,13 +82,9 @@ func (r *Relay) inflightCount() int { return int(r.inflightN.Load()) }
 
 // slots counts a relay's running handlers.
 type slots struct {
-	running atomic.Int64
-	freed   chan struct{} // signalled when running falls to signalAt
-	// signalAt is set by the claim loop (the slots of the claims in
-	// flight lower it): a worker reads it after updating running, and the
-	// loop reads running after setting it, so a fall past it is either
-	// signalled or seen by the loop.
-	signalAt atomic.Int64
+	running  atomic.Int64
+	freed    chan struct{} // signalled when running falls to signalAt
+	signalAt int64
 }
 
 // workOne delivers j (its batch, when it leads one) and frees its slots,
@@ -102,7 +98,7 @@ func (r *Relay) workOne(j *job, workers *sync.WaitGroup, sl *slots) {
 		r.deliver(j)
 	}
 	defer workers.Add(-int(n))
-	if left, at := sl.running.Add(-n), sl.signalAt.Load(); left <= at && left+n > at {
+	if left := sl.running.Add(-n); left <= sl.signalAt && left+n > sl.signalAt {
 		select {
 		case sl.freed <- struct{}{}:
 		default:

@@ -70,13 +70,6 @@ type Capabilities struct {
 	// when it orders) honour ClaimParams.AllTopics: a relay with a
 	// catch-all handler needs it.
 	AllTopics bool
-	// OverlappingClaims is true when claims of one relay may run at once,
-	// each on its own connection, without waiting on each other (rows one
-	// claim has locked are skipped by the other, as with SKIP LOCKED): a
-	// draining relay then keeps two claims in flight. False where claims
-	// take a lock of the whole database (SQLite's writer lock), where a
-	// second claim would only wait.
-	OverlappingClaims bool
 }
 
 // Table is the validated name of the outbox table.
