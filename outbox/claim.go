@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -244,7 +245,9 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 	} else if len(done) > 0 {
 		var batch []outboxdriver.Settlement
 		if r.cfg.Tracer != nil {
-			batch = settlements(done)
+			// applied may be r.claimFences itself (see Claim's doc): the tracer
+			// gets a copy, the buffer is reused by the next claim.
+			batch, applied = settlements(done), slices.Clone(applied)
 		}
 		r.report(ctx, len(done), batch, applied, true, start, nil)
 	}

@@ -185,6 +185,9 @@ type RelayDialect interface {
 	// its next claim. PostgreSQL does both in one statement and one commit;
 	// a dialect whose commits are cheap may use two statements. If Claim
 	// fails, the relay writes p.Done again later (fenced, so harmlessly).
+	// done may be p.Done itself (all applied) or share its memory: the
+	// relay reads it before it reuses p.Done's buffer, and copies it for
+	// anything that may keep it.
 	Claim(ctx context.Context, db DB, t Table, p ClaimParams) (claimed []Claimed, done []Fence, err error)
 
 	// Settle applies settlements, each fenced by (id, attempts) and state

@@ -1,9 +1,9 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -257,13 +257,15 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	}
 	defer rows.Close()
 	// Scanned in place, through variables declared once: per row, only
-	// the key (when set), payload and headers are allocated; the id is
-	// decoded from the driver's bytes and the topic is one of p.Topics.
+	// the key (when set) is allocated; the id is decoded from the driver's
+	// bytes, the topic is one of p.Topics, and the payload and headers are
+	// copied into the claim's buffers (see bytesDest).
 	claimed := make([]outboxdriver.Claimed, 0, p.Limit)
 	var off []outboxdriver.Fence
 	var c outboxdriver.Claimed
 	var kind int
-	dest := []any{idDest{&c.ID}, topicDest{&c.Topic, p.Topics}, &c.Key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
+	var arena []byte
+	dest := []any{idDest{&c.ID}, topicDest{&c.Topic, p.Topics}, &c.Key, bytesDest{&c.Payload, &arena}, bytesDest{&c.Headers, &arena}, &c.Attempts, &c.AttemptsBase, &kind, &c.CreatedAt}
 	for rows.Next() {
 		c = outboxdriver.Claimed{}
 		if err := rows.Scan(dest...); err != nil {
@@ -281,8 +283,9 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	}
 	var done []outboxdriver.Fence
 	if len(p.Done) > 0 {
-		// A copy: p.Done is the relay's buffer, reused by its next claim.
-		done = applied(slices.Clone(p.Done), off)
+		// p.Done itself when none was fenced off (usually): the relay
+		// reads it before it reuses its buffer (see Claim's doc).
+		done = applied(p.Done, off)
 	}
 	return claimed, done, nil
 }
@@ -304,6 +307,62 @@ func (d idDest) Scan(src any) error {
 		return err
 	}
 	return fmt.Errorf("outbox: scan id: unexpected %T", src)
+}
+
+// bytesDest scans a payload or headers column (NULL gives nil) into a
+// slice of a claim's buffer, arena, rather than an allocation per row: the
+// text is appended to the buffer while it fits, and a buffer that is full
+// is left to the rows that point into it (a new one, twice as large up to
+// maxArena, takes the next rows; a text over a quarter of maxArena gets an
+// allocation of its own). Each slice is capped at its length, so a handler
+// appending to its payload copies it instead of writing over the next
+// row's. A handler that keeps a payload keeps its buffer (maxArena at
+// most) alive.
+type bytesDest struct {
+	p     *[]byte
+	arena *[]byte
+}
+
+// minArena and maxArena bound the size of one buffer of bytesDest.
+const (
+	minArena = 1 << 10
+	maxArena = 16 << 10
+)
+
+func (d bytesDest) ScanBytes(b []byte) error {
+	switch {
+	case b == nil:
+		*d.p = nil
+		return nil
+	case len(b) == 0:
+		*d.p = []byte{}
+		return nil
+	case len(b) > maxArena/4:
+		*d.p = bytes.Clone(b)
+		return nil
+	}
+	a := *d.arena
+	if len(b) > cap(a)-len(a) {
+		a = make([]byte, 0, max(len(b), min(maxArena, max(minArena, 2*cap(a)))))
+	}
+	start := len(a)
+	a = append(a, b...)
+	*d.arena = a
+	*d.p = a[start:len(a):len(a)]
+	return nil
+}
+
+func (d bytesDest) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*d.p = nil
+		return nil
+	case []byte:
+		return d.ScanBytes(v)
+	case string:
+		return d.ScanBytes([]byte(v))
+	}
+	return fmt.Errorf("outbox: scan payload: unexpected %T", src)
 }
 
 // topicDest scans a topic into a string, reusing the claim's topic strings
