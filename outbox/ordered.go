@@ -402,26 +402,50 @@ func (o *Outbox) orderedDialect() outboxdriver.OrderedDialect {
 
 // sequence runs the second statement of a publish whose ordered messages
 // have a DedupKey (see [outboxdriver.OrderedDialect]): it numbers the
-// ordered messages the INSERT stored.
-func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, stored []string) error {
+// ordered messages the INSERT stored. A dialect that is an
+// [outboxdriver.Sequencer] numbers every ordered publish after its INSERT,
+// with its statements: stored holds the ids stored when the batch has a
+// DedupKey (dedup), else every ordered row was stored.
+func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, stored []string, dedup bool) error {
 	od := o.orderedDialect()
 	if od == nil {
 		return nil
 	}
+	seq, steps := od.(outboxdriver.Sequencer)
 	need := false
 	for i := range rows {
-		need = need || (rows[i].Ordered && rows[i].DedupKey != "")
+		need = need || (rows[i].Ordered && (steps || rows[i].DedupKey != ""))
 	}
-	if !need || len(stored) == 0 {
+	if !need {
 		return nil
 	}
-	ids := make([]ID, 0, len(stored))
-	for _, s := range stored {
-		id, err := ParseID(s)
-		if err != nil {
-			return err
+	var ids []ID
+	if dedup {
+		ids = make([]ID, 0, len(stored))
+		for _, s := range stored {
+			id, err := ParseID(s)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
 		}
-		ids = append(ids, id)
+	} else {
+		for i := range rows {
+			if rows[i].Ordered {
+				ids = append(ids, rows[i].ID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if steps {
+		for _, st := range seq.SequenceStatements(o.table, ids) {
+			if _, err := o.query(ctx, tx, st.Query, st.Args, 0, false); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	q, args := od.SequenceSQL(o.table, ids)
 	if q == "" { // the INSERT numbered them (SQLite's trigger)

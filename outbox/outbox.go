@@ -383,7 +383,7 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result
 		stored, err = o.query(ctx, tx, query, args, len(rows), dedup)
 	}
 	if err == nil {
-		err = o.sequence(ctx, tx, rows, stored)
+		err = o.sequence(ctx, tx, rows, stored, dedup)
 	}
 	if err != nil {
 		return wrapOp(ctx, "publish", err)

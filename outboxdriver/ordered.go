@@ -120,3 +120,24 @@ type RunOutcome struct {
 	// skipped. Without Halt the key goes on with its next message.
 	Halt bool
 }
+
+// Sequencer is implemented by an [OrderedDialect] that numbers the ordered
+// rows of every publish after its INSERT, in several statements: MySQL and
+// MariaDB, where a statement writes one table and no trigger numbers rows.
+// Its Insert stores every ordered row blocked without a key_seq (as other
+// dialects do only with a DedupKey), and Publish then runs, in order on the
+// caller's transaction, the statements SequenceStatements returns for the
+// ordered rows the INSERT stored (ids in publish order: every ordered row's
+// when the batch has no DedupKey), instead of SequenceSQL's statement. They
+// take the key rows in key order, as Insert does on other dialects, so
+// the locks, the numbering and the head are as described at
+// [OrderedDialect].
+type Sequencer interface {
+	SequenceStatements(t Table, ids []ID) []Statement
+}
+
+// Statement is one SQL statement and its arguments.
+type Statement struct {
+	Query string
+	Args  []any
+}

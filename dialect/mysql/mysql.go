@@ -126,6 +126,8 @@ func New(cfg Config) outboxdriver.Dialect {
 		DelayArg:     func(r *outboxdriver.Row) any { return r.Delay.Microseconds() },
 		NotBeforeArg: func(r *outboxdriver.Row) any { return r.NotBefore.UTC().Format(datetime) },
 		OnConflict:   ` ON DUPLICATE KEY UPDATE id = id`,
+		// Ordered rows are numbered after the INSERT (SequenceStatements).
+		OrderedBlocked: true,
 	}}
 }
 
@@ -140,7 +142,7 @@ type dialect struct {
 func (*dialect) Name() string { return "mysql" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true}
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true, Ordered: true}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.
