@@ -2,6 +2,8 @@ package mysql_test
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"testing"
 
 	"github.com/DATA-DOG/go-sqlmock"
@@ -44,6 +46,57 @@ func TestOutboxtestExpectsBothStatements(t *testing.T) {
 		if res.Duplicate != (i == 2) {
 			t.Errorf("publish %d: duplicate %v", i, res.Duplicate)
 		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// idRE matches the text form of a generated id.
+var idRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// TestOrderedPublishSQL pins the ordered publish on MySQL, statement by
+// statement and byte for byte (ids aside): the INSERT stores the ordered
+// rows blocked, then the key rows are taken in key order and the rows
+// numbered from them, all on the caller's transaction and nothing else.
+func TestOrderedPublishSQL(t *testing.T) {
+	ob, err := outbox.New(mysql.Dialect(), outbox.Config{OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ids become <id>; the rest must be equal.
+	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(sqlmock.QueryMatcherFunc(func(want, got string) error {
+		if g := idRE.ReplaceAllString(got, "<id>"); g != want {
+			return fmt.Errorf("statement\n%s\nwant\n%s", g, want)
+		}
+		return nil
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ids := "(SELECT _ascii'<id>' COLLATE ascii_bin AS id, 1 AS pos UNION ALL SELECT _ascii'<id>', 2) AS k STRAIGHT_JOIN `outbox` AS s FORCE INDEX (PRIMARY) ON s.id = k.id\n" +
+		"WHERE s.state = 'blocked' AND s.key_seq IS NULL"
+	mock.ExpectBegin()
+	mock.ExpectExec("INSERT INTO `outbox` (id, topic, message_key, state) VALUES (?, ?, ?, 'blocked'), (?, ?, ?, 'blocked'), (?, ?, ?, 'pending')").
+		WithArgs(sqlmock.AnyArg(), "t", "b", sqlmock.AnyArg(), "t", "a", sqlmock.AnyArg(), "t", nil).WillReturnResult(sqlmock.NewResult(0, 3))
+	mock.ExpectExec("INSERT INTO `outbox_keys` (message_key, last_seq, live)\nSELECT s.message_key, COUNT(*), COUNT(*) FROM " + ids +
+		" GROUP BY s.message_key ORDER BY s.message_key\nON DUPLICATE KEY UPDATE last_seq = last_seq + VALUES(last_seq), live = live + VALUES(live)").
+		WillReturnResult(sqlmock.NewResult(0, 2))
+	mock.ExpectExec("UPDATE (SELECT s.id, ROW_NUMBER() OVER (PARTITION BY s.message_key ORDER BY k.pos) AS ord, COUNT(*) OVER (PARTITION BY s.message_key) AS n\n    FROM " +
+		ids + ") AS v\nSTRAIGHT_JOIN `outbox` AS o FORCE INDEX (PRIMARY) ON o.id = v.id\nSTRAIGHT_JOIN `outbox_keys` AS ks FORCE INDEX (PRIMARY) ON ks.message_key = o.message_key\n" +
+		"SET o.key_seq = ks.last_seq - v.n + v.ord, o.state = IF(v.ord = 1 AND ks.live = v.n, 'pending', 'blocked')").
+		WillReturnResult(sqlmock.NewResult(0, 2))
+	mock.ExpectCommit()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.PublishBatch(context.Background(), sqltx.From(tx), []outbox.Message{{Topic: "t", Key: "b"}, {Topic: "t", Key: "a"}, {Topic: "t"}}); err != nil {
+		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
