@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,7 +104,11 @@ func mysqlOrderedBench(ctx context.Context) {
 	for _, sc := range []struct {
 		name string
 		run  func(bool) float64
-	}{{"drain 10,000 keys x 5, 1 relay", drain}, {"publish 1/tx, 8 producers on 8 keys", publish}} {
+		id   string
+	}{{"drain 10,000 keys x 5, 1 relay", drain, "drain"}, {"publish 1/tx, 8 producers on 8 keys", publish, "publish"}} {
+		if *drainCases != "" && !slices.Contains(strings.Split(*drainCases, ","), sc.id) {
+			continue
+		}
 		var ratios []float64
 		for round := 1; round <= *rounds; round++ {
 			var un, ord float64

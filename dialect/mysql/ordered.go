@@ -80,8 +80,28 @@ func (*dialect) SequenceSQL(outboxdriver.Table, []outboxdriver.ID) (string, []an
 // numbered nor counted. VALUES() in ON DUPLICATE KEY UPDATE is deprecated
 // on MySQL 8.0.20+ (a warning), and the form that replaces it, a row
 // alias, is not MariaDB's; both servers run VALUES().
+//
+// One id (the common publish of one message) takes the same two steps
+// without the grouping and the window functions:
+//
+//	INSERT INTO `outbox_keys` (message_key, last_seq, live)
+//	SELECT s.message_key, 1, 1 FROM `outbox` AS s WHERE s.id = '<id>' AND s.state = 'blocked' AND s.key_seq IS NULL
+//	ON DUPLICATE KEY UPDATE last_seq = last_seq + 1, live = live + 1
+//
+//	UPDATE `outbox` AS o STRAIGHT_JOIN `outbox_keys` AS ks FORCE INDEX (PRIMARY) ON ks.message_key = o.message_key
+//	SET o.key_seq = ks.last_seq, o.state = IF(ks.live = 1, 'pending', 'blocked')
+//	WHERE o.id = '<id>' AND o.state = 'blocked' AND o.key_seq IS NULL
 func (*dialect) SequenceStatements(t outboxdriver.Table, ids []outboxdriver.ID) []outboxdriver.Statement {
 	tbl := QuoteTable(t)
+	if len(ids) == 1 {
+		one := "s.id = '" + ids[0].String() + "' AND s.state = 'blocked' AND s.key_seq IS NULL"
+		return []outboxdriver.Statement{
+			{Query: "INSERT INTO " + keysTable(t) + " (message_key, last_seq, live)\nSELECT s.message_key, 1, 1 FROM " + tbl + " AS s WHERE " + one +
+				"\nON DUPLICATE KEY UPDATE last_seq = last_seq + 1, live = live + 1"},
+			{Query: "UPDATE " + tbl + " AS o STRAIGHT_JOIN " + keysTable(t) + " AS ks FORCE INDEX (PRIMARY) ON ks.message_key = o.message_key\n" +
+				"SET o.key_seq = ks.last_seq, o.state = IF(ks.live = 1, 'pending', 'blocked')\nWHERE " + strings.ReplaceAll(one, "s.", "o.")},
+		}
+	}
 	var from strings.Builder
 	from.WriteByte('(')
 	for i, id := range ids {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 	"github.com/oncommit/oncommit/outboxtest"
 )
 
@@ -103,5 +105,31 @@ func TestOrderedPublishSQL(t *testing.T) {
 	}
 	if err := mock.ExpectationsWereMet(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSequenceStatementsOne pins the numbering of a publish of one ordered
+// message: the same two steps without grouping or window functions.
+func TestSequenceStatementsOne(t *testing.T) {
+	id := outbox.NewID()
+	tbl, err := outboxdriver.ParseTable("outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := mysql.Dialect().(outboxdriver.Sequencer).SequenceStatements(tbl, []outbox.ID{id})
+	one := "id = '" + id.String() + "' AND s.state = 'blocked' AND s.key_seq IS NULL"
+	want := []string{
+		"INSERT INTO `outbox_keys` (message_key, last_seq, live)\nSELECT s.message_key, 1, 1 FROM `outbox` AS s WHERE s." + one +
+			"\nON DUPLICATE KEY UPDATE last_seq = last_seq + 1, live = live + 1",
+		"UPDATE `outbox` AS o STRAIGHT_JOIN `outbox_keys` AS ks FORCE INDEX (PRIMARY) ON ks.message_key = o.message_key\n" +
+			"SET o.key_seq = ks.last_seq, o.state = IF(ks.live = 1, 'pending', 'blocked')\nWHERE o." + strings.ReplaceAll(one, "s.", "o."),
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d statements, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].Query != want[i] || len(got[i].Args) != 0 {
+			t.Errorf("statement %d:\n%s\nwant\n%s", i, got[i].Query, want[i])
+		}
 	}
 }
