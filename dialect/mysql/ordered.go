@@ -132,14 +132,14 @@ type runHead struct {
 	seq int64
 }
 
-// RunSQL returns the read of the runs of claimed ordered heads: for each
+// runSQL returns the read of the runs of claimed ordered heads: for each
 // head, the blocked messages after it in its key (at most limit, through
 // the key index), cut before the first that is not due or whose topic is
 // not among topics (nil: every topic); then the members of all runs shared
 // round-robin (every head's first, then every head's second...), at most
 // limit, so that each run stays a prefix of its key. Rows: head id, then
 // the claimed columns and key_seq. It is a plain read.
-func RunSQL(t outboxdriver.Table, heads []runHead, topics []string, limit int) string {
+func runSQL(t outboxdriver.Table, heads []runHead, topics []string, limit int) string {
 	tbl, lim := QuoteTable(t), strconv.Itoa(limit)
 	var ok strings.Builder
 	ok.WriteString("b.available_at <= " + now)
@@ -173,7 +173,7 @@ func RunSQL(t outboxdriver.Table, heads []runHead, topics []string, limit int) s
 // ClaimOrdered settles p.Done and claims as Claim does, in one short
 // transaction, with the key_seq of each claimed row and never
 // dead-lettering; then it reads the runs of the claimed ordered heads
-// (RunSQL), a plain read after the commit: a run is blocked messages of a
+// (runSQL), a plain read after the commit: a run is blocked messages of a
 // key whose head this claim now holds, and while it is held nothing but a
 // publisher changes them (it appends committed messages after them). When
 // the read fails, the claim has committed all the same: its heads come back
@@ -199,7 +199,7 @@ func (d *dialect) ClaimOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	if p.AllTopics {
 		topics = nil
 	}
-	rows, err := db.QueryDB(ctx, RunSQL(t, heads, topics, runLimit))
+	rows, err := db.QueryDB(ctx, runSQL(t, heads, topics, runLimit))
 	if err != nil {
 		return nil, done, err
 	}
@@ -282,12 +282,12 @@ type failure struct {
 	halt     bool
 }
 
-// RunFailedSQL returns the write of the failed messages of held runs, by
+// runFailedSQL returns the write of the failed messages of held runs, by
 // primary key: a retry makes the message its key's head again (pending
 // after its delay, attempts + 1 for a run member), a dead one is dead
 // (settled_at NULL under Halt, so that Purge never deletes a halted head,
 // whose key would wait for it forever).
-func RunFailedSQL(t outboxdriver.Table, fs []failure) string {
+func runFailedSQL(t outboxdriver.Table, fs []failure) string {
 	var b strings.Builder
 	ids := make([]outboxdriver.ID, len(fs))
 	for i := range fs {
@@ -356,9 +356,9 @@ type keyChange struct {
 	unhalt   bool
 }
 
-// KeysUpdateSQL returns the update of key rows after a write (see
+// keysUpdateSQL returns the update of key rows after a write (see
 // keyChange): by primary key, each assignment reading only its own column.
-func KeysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
+func keysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
 	var b strings.Builder
 	b.WriteString("UPDATE " + keysTable(t) + " SET live = live + CASE message_key")
 	var ks []string
@@ -503,8 +503,8 @@ func RunDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, keep bool) string {
 // SettleRuns writes the outcomes in one transaction: it locks the runs'
 // key rows in key order (LockKeysSQL: waiting for open publishes of those
 // keys), then the heads (LockSQL), and for the runs whose head still holds
-// writes their successes (RunDoneSQL) and failures (RunFailedSQL), counts
-// them in their keys (KeysUpdateSQL) and gives the keys left without a head
+// writes their successes (RunDoneSQL) and failures (runFailedSQL), counts
+// them in their keys (keysUpdateSQL) and gives the keys left without a head
 // their next message (NextSQL, then an update by primary key).
 func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, error) {
 	if len(runs) == 0 {
@@ -559,7 +559,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 			}
 		}
 		if len(failed) > 0 {
-			if err := exec(ctx, tx, RunFailedSQL(t, failed)); err != nil {
+			if err := exec(ctx, tx, runFailedSQL(t, failed)); err != nil {
 				return err
 			}
 		}
@@ -570,7 +570,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 			}
 		}
 		if len(cs) > 0 {
-			if err := exec(ctx, tx, KeysUpdateSQL(t, cs)); err != nil {
+			if err := exec(ctx, tx, keysUpdateSQL(t, cs)); err != nil {
 				return err
 			}
 		}
@@ -661,7 +661,7 @@ func (d *dialect) redriveOrderedIDs(ctx context.Context, db outboxdriver.DB, t o
 		for _, c := range change {
 			cs = append(cs, *c)
 		}
-		if err := exec(ctx, tx, KeysUpdateSQL(t, cs)); err != nil {
+		if err := exec(ctx, tx, keysUpdateSQL(t, cs)); err != nil {
 			return err
 		}
 		n = int64(len(still))
@@ -761,7 +761,7 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 		if err := exec(ctx, tx, b.String()); err != nil {
 			return err
 		}
-		if err := exec(ctx, tx, KeysUpdateSQL(t, []keyChange{{key: key, n: -1, unhalt: true}})); err != nil {
+		if err := exec(ctx, tx, keysUpdateSQL(t, []keyChange{{key: key, n: -1, unhalt: true}})); err != nil {
 			return err
 		}
 		return promote(ctx, tx, t, []string{key}, true, nil)
