@@ -35,6 +35,8 @@ const MaxOrderedTableName = 63 - len("_keys")
 // ordered rows blocked without a key_seq, and Publish then runs, on the
 // same transaction, the statement SequenceSQL returns for the ids the
 // INSERT stored.
+// A dialect that is a [Sequencer] (MySQL) always takes the second path,
+// with the statements SequenceStatements returns.
 //
 // Relay. A relay of an Outbox with OrderByKey claims with ClaimOrdered
 // and settles the runs of ordered heads with SettleRuns; unordered rows
