@@ -64,7 +64,7 @@ var concurrency = 0 // RelayConfig default
 
 var (
 	url        = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
+	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
 	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
@@ -116,6 +116,10 @@ func main() {
 	}
 	if *only == "stmt" {
 		stmts(ctx, pool)
+	}
+	if *only == "mysql-ordered" {
+		mysqlOrderedBench(ctx)
+		return
 	}
 	if *only == "mysql" {
 		mysqlBench(ctx)

@@ -400,35 +400,52 @@ func (o *Outbox) orderedDialect() outboxdriver.OrderedDialect {
 	return od
 }
 
-// needsSequence reports whether some ordered row has a DedupKey: then
-// Publish numbers the rows in a statement of their own ([Outbox.sequence]).
-func needsSequence(rows []outboxdriver.Row) bool {
+// needsSequence reports whether Publish numbers the ordered rows of
+// rows in statements of their own after the INSERT ([Outbox.sequence]):
+// when an ordered row has a DedupKey, or with a dialect that is an
+// [outboxdriver.Sequencer], when there is an ordered row.
+func needsSequence(od outboxdriver.OrderedDialect, rows []outboxdriver.Row) bool {
+	_, steps := od.(outboxdriver.Sequencer)
 	for i := range rows {
-		if rows[i].Ordered && rows[i].DedupKey != "" {
+		if rows[i].Ordered && (steps || rows[i].DedupKey != "") {
 			return true
 		}
 	}
 	return false
 }
 
-// sequence runs the second statement of a publish whose ordered messages
-// have a DedupKey (see [outboxdriver.OrderedDialect]): it numbers the
-// ordered messages the INSERT stored.
-func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, stored []string) error {
+// sequenceStatements returns the statements that number the ordered
+// rows ids (in publish order) that an INSERT stored blocked: a
+// Sequencer's, or SequenceSQL's one (none when the INSERT numbered them,
+// as SQLite's trigger does).
+func (o *Outbox) sequenceStatements(od outboxdriver.OrderedDialect, ids []ID) []outboxdriver.Statement {
+	if seq, ok := od.(outboxdriver.Sequencer); ok {
+		return seq.SequenceStatements(o.table, ids)
+	}
+	q, args := od.SequenceSQL(o.table, ids)
+	if q == "" {
+		return nil
+	}
+	return []outboxdriver.Statement{{Query: q, Args: args}}
+}
+
+// sequence runs the statements that number the ordered messages a publish
+// stored without a key_seq (see [outboxdriver.OrderedDialect] and
+// [outboxdriver.Sequencer]), when it must ([needsSequence]). stored holds
+// the ids the INSERT stored when the batch has a DedupKey (dedup); else
+// every row was stored.
+func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, stored []string, dedup bool) error {
 	od := o.orderedDialect()
-	if od == nil {
+	if od == nil || !needsSequence(od, rows) {
 		return nil
 	}
-	if !needsSequence(rows) || len(stored) == 0 {
-		return nil
-	}
-	// The stored ids in publish order, whatever order the database
-	// returned them in: SequenceSQL numbers a key's messages in the order
-	// of its list. All stored (no duplicate): every row, as Publish's
-	// results assume.
-	ids := rowIDs(rows)
-	if len(stored) != len(rows) {
-		got := make(map[ID]bool, len(stored))
+	// The stored ordered rows' ids in publish order, whatever order the
+	// database returned them in: the statements number a key's messages
+	// in the order of the list. All stored (no duplicate): every ordered
+	// row, as Publish's results assume.
+	var got map[ID]bool
+	if dedup && len(stored) != len(rows) {
+		got = make(map[ID]bool, len(stored))
 		for _, s := range stored {
 			id, err := ParseID(s)
 			if err != nil {
@@ -436,14 +453,22 @@ func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, s
 			}
 			got[id] = true
 		}
-		ids = slices.DeleteFunc(ids, func(id ID) bool { return !got[id] })
 	}
-	q, args := od.SequenceSQL(o.table, ids)
-	if q == "" { // the INSERT numbered them (SQLite's trigger)
+	ids := make([]ID, 0, len(rows))
+	for i := range rows {
+		if rows[i].Ordered && (got == nil || got[rows[i].ID]) {
+			ids = append(ids, rows[i].ID)
+		}
+	}
+	if len(ids) == 0 {
 		return nil
 	}
-	_, err := o.query(ctx, tx, q, args, 0, false)
-	return err
+	for _, st := range o.sequenceStatements(od, ids) {
+		if _, err := o.query(ctx, tx, st.Query, st.Args, 0, false); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SkipHead skips the head of key when it is dead under the HaltKey policy:

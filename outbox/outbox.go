@@ -294,14 +294,14 @@ type Statement struct {
 	// returns the ids of the messages stored.
 	StoredQuery string
 	StoredArgs  []any
-	// SequenceQuery and SequenceArgs, when SequenceQuery is not empty, are
-	// the statement Publish sends last, with [Config.OrderByKey], when an
-	// ordered message has a DedupKey: it numbers the ordered messages the
-	// INSERT stored (see [outboxdriver.OrderedDialect]). They are those of
-	// a publish that stored every message; a publish where some were
-	// duplicates numbers only the others (and sends none when all were).
-	SequenceQuery string
-	SequenceArgs  []any
+	// Sequence, with [Config.OrderByKey], are the statements Publish
+	// sends last when an ordered message has a DedupKey, or for every
+	// ordered message on a dialect that is an [outboxdriver.Sequencer]
+	// (MySQL): they number the ordered messages the INSERT stored (see
+	// [outboxdriver.OrderedDialect]). They are those of a publish that
+	// stored every message; a publish where some were duplicates numbers
+	// only the others (and sends none when all were).
+	Sequence []outboxdriver.Statement
 }
 
 // PublishSQL returns the exact statement Publish or PublishBatch sends for
@@ -309,7 +309,7 @@ type Statement struct {
 // package). It validates msgs like Publish. Each call generates fresh ids.
 // With Config.OrderByKey, when an ordered message has a DedupKey, Publish
 // sends a last statement that numbers the messages stored
-// ([outboxdriver.OrderedDialect]): Statement.SequenceQuery.
+// ([outboxdriver.OrderedDialect]): Statement.Sequence.
 func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	rows, err := o.rows(msgs)
 	if err != nil {
@@ -328,8 +328,14 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 			}
 		}
 	}
-	if od := o.orderedDialect(); od != nil && needsSequence(rows) {
-		st.SequenceQuery, st.SequenceArgs = od.SequenceSQL(o.table, st.IDs)
+	if od := o.orderedDialect(); od != nil && needsSequence(od, rows) {
+		var ids []ID
+		for i := range rows {
+			if rows[i].Ordered {
+				ids = append(ids, rows[i].ID)
+			}
+		}
+		st.Sequence = o.sequenceStatements(od, ids)
 	}
 	return st, nil
 }
@@ -414,7 +420,7 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result
 		stored, err = o.query(ctx, tx, query, args, len(rows), dedup)
 	}
 	if err == nil {
-		err = o.sequence(ctx, tx, rows, stored)
+		err = o.sequence(ctx, tx, rows, stored, dedup)
 	}
 	if err != nil {
 		return wrapOp(ctx, "publish", err)

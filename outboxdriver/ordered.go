@@ -35,6 +35,8 @@ const MaxOrderedTableName = 63 - len("_keys")
 // ordered rows blocked without a key_seq, and Publish then runs, on the
 // same transaction, the statement SequenceSQL returns for the ids the
 // INSERT stored.
+// A dialect that is a [Sequencer] (MySQL) always takes the second path,
+// with the statements SequenceStatements returns.
 //
 // Relay. A relay of an Outbox with OrderByKey claims with ClaimOrdered
 // and settles the runs of ordered heads with SettleRuns; unordered rows
@@ -119,4 +121,25 @@ type RunOutcome struct {
 	// key's head: nothing behind it is delivered until it is redriven or
 	// skipped. Without Halt the key goes on with its next message.
 	Halt bool
+}
+
+// Sequencer is implemented by an [OrderedDialect] that numbers the ordered
+// rows of every publish after its INSERT, in several statements: MySQL and
+// MariaDB, where a statement writes one table and no trigger numbers rows.
+// Its Insert stores every ordered row blocked without a key_seq (as other
+// dialects do only with a DedupKey), and Publish then runs, in order on the
+// caller's transaction, the statements SequenceStatements returns for the
+// ordered rows the INSERT stored (ids in publish order: every ordered row's
+// when the batch has no DedupKey), instead of SequenceSQL's statement. They
+// take the key rows in key order, as Insert does on other dialects, so
+// the locks, the numbering and the head are as described at
+// [OrderedDialect].
+type Sequencer interface {
+	SequenceStatements(t Table, ids []ID) []Statement
+}
+
+// Statement is one SQL statement and its arguments.
+type Statement struct {
+	Query string
+	Args  []any
 }

@@ -167,8 +167,8 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st, err := ob.PublishSQL(dedup(want)); err != nil || (st.SequenceQuery != "") != cfg.OrderByKey {
-				t.Fatalf("OrderByKey %v: SequenceQuery %q, %v", cfg.OrderByKey, st.SequenceQuery, err)
+			if st, err := ob.PublishSQL(dedup(want)); err != nil || (len(st.Sequence) != 0) != cfg.OrderByKey {
+				t.Fatalf("OrderByKey %v: Sequence %q, %v", cfg.OrderByKey, st.Sequence, err)
 			}
 			expected := at(want, time.Now().Add(time.Hour))
 			for _, tc := range []struct {

@@ -13,8 +13,19 @@ import (
 
 // TestChaos runs the chaos test (internal/chaostest) on MySQL/MariaDB
 // through go-sql-driver/mysql, in a database of its own.
-func TestChaos(t *testing.T) {
-	chaostest.Run(t, chaostest.Backend{
+func TestChaos(t *testing.T) { chaostest.Run(t, chaosBackend(), chaostest.FromEnv()) }
+
+// TestOrderedChaos runs the checker of ordered delivery
+// (chaostest.RunOrdered) on MySQL/MariaDB: 4 relay processes and 8
+// producers whose same-key transactions overlap, in a database of its own;
+// under OUTBOX_RELIABILITY=long a relay is SIGKILLed every 200-800 ms.
+func TestOrderedChaos(t *testing.T) {
+	chaostest.RunOrdered(t, chaosBackend(), chaostest.OrderedFromEnv())
+}
+
+// chaosBackend is a database per test, migrated, shared by every process.
+func chaosBackend() chaostest.Backend {
+	return chaostest.Backend{
 		Dialect: mysql.Dialect(),
 		Setup: func(t testing.TB) chaostest.Target {
 			name := mysqltest.Database(t)
@@ -32,5 +43,5 @@ func TestChaos(t *testing.T) {
 			return &chaostest.Conn{Table: n + ".outbox", Business: n + ".chaos_orders", Ledger: n + ".chaos_ledger",
 				Relay: sqltx.FromDB(db), Begin: chaostest.SQLBegin(db), SQL: db, Close: func() { db.Close() }}, nil
 		},
-	}, chaostest.FromEnv())
+	}
 }

@@ -57,11 +57,28 @@ func (d *dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 // plain read, no locks), write changes those of ids that still match and
 // are still in that state, by primary key (see [KeysSQL]), in a short
 // transaction of its own.
+//
+// Ordered messages (key_seq set) that still hold their place in their key
+// are left alone: a redrive changes unordered dead messages only (Act
+// redrives the ordered ones through their keys, as RedriveOrdered does),
+// and a delete never deletes a pending, blocked or halted ordered message
+// (its key would wait forever for it), only delivered ones and dead ones
+// that no longer halt their key (settled: dead under ContinueKey, or
+// skipped).
 func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (find string, write func(ids []outboxdriver.ID) string) {
 	where := inspectSQL.Where(nil, f, "", false)
-	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + where + " AND " + inspectSQL.ActWhere(a, "") +
+	guard := func(prefix string) string {
+		switch a {
+		case outboxdriver.ActRedrive:
+			return " AND " + prefix + "key_seq IS NULL"
+		case outboxdriver.ActDelete:
+			return " AND (" + prefix + "key_seq IS NULL OR " + prefix + "settled_at IS NOT NULL)"
+		}
+		return ""
+	}
+	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + where + " AND " + inspectSQL.ActWhere(a, "") + guard("") +
 		" ORDER BY id LIMIT " + strconv.Itoa(opBatch)
-	cond := inspectSQL.Where(nil, f, "o.", false) + " AND " + inspectSQL.ActWhere(a, "o.")
+	cond := inspectSQL.Where(nil, f, "o.", false) + " AND " + inspectSQL.ActWhere(a, "o.") + guard("o.")
 	return find, func(ids []outboxdriver.ID) string {
 		var b strings.Builder
 		if a == outboxdriver.ActDelete {
@@ -79,5 +96,10 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 
 func (d *dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
 	find, write := ActSQL(t, a, f)
-	return d.batched(ctx, db, a.String(), find, write)
+	n, err := d.batched(ctx, db, a.String(), find, write)
+	if err != nil || a != outboxdriver.ActRedrive {
+		return n, err
+	}
+	m, err := d.redriveOrderedBatches(ctx, db, t, DeadOrderedSQL(t, inspectSQL.Where(nil, f, "", false)))
+	return n + m, err
 }

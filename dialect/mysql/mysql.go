@@ -42,6 +42,15 @@
 // The dialect never retries the caller's statements: Publish returns such
 // errors (classified by [outboxdriver.Dialect.Classify]).
 //
+// Ordered delivery (Config.OrderByKey) needs migrations 0005 and 0006. An
+// ordered publish is three statements on the caller's transaction, with no
+// trigger: the INSERT stores the ordered rows blocked, then
+// [outboxdriver.Sequencer]'s statements take the key rows in key order
+// (locks held to the commit) and number the rows from them. Two publishers
+// creating new keys in one gap of the keys table can lose a deadlock
+// (1213), which Publish returns for the caller to retry; docs/dialects.md
+// says why, and what the claim and the settles of runs do.
+//
 // The relay's statements carry their values as SQL literals (integers,
 // ids in their canonical form, and text as hexadecimal literals, topics
 // compared byte for byte with CAST(topic AS BINARY)) rather
@@ -126,6 +135,8 @@ func New(cfg Config) outboxdriver.Dialect {
 		DelayArg:     func(r *outboxdriver.Row) any { return r.Delay.Microseconds() },
 		NotBeforeArg: func(r *outboxdriver.Row) any { return r.NotBefore.UTC().Format(datetime) },
 		OnConflict:   ` ON DUPLICATE KEY UPDATE id = id`,
+		// Ordered rows are numbered after the INSERT (SequenceStatements).
+		OrderedBlocked: true,
 	}}
 }
 
@@ -140,7 +151,7 @@ type dialect struct {
 func (*dialect) Name() string { return "mysql" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true}
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true, Ordered: true}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.

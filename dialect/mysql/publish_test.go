@@ -345,8 +345,12 @@ func TestMigrateConcurrent(t *testing.T) {
 	}
 	rows.Close()
 	sort.Strings(idx)
-	if got := strings.Join(idx, ","); got != "PRIMARY,orders_outbox_claim_idx,orders_outbox_dedup_idx,orders_outbox_settled_idx" {
+	if got := strings.Join(idx, ","); got != "PRIMARY,orders_outbox_claim_idx,orders_outbox_dedup_idx,orders_outbox_key_seq_idx,orders_outbox_settled_idx" {
 		t.Errorf("indexes %s", got)
+	}
+	// The keys table of ordered delivery (0006) is named after the table.
+	if n := count(t, "information_schema.tables", "table_schema = ? AND table_name = 'orders_outbox_keys'", db); n != 1 {
+		t.Error("no table orders_outbox_keys")
 	}
 	if err := mysql.Migrate(context.Background(), pool, "Bad-Name"); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("bad table name: %v", err)

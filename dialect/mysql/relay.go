@@ -131,8 +131,17 @@ type Cursor struct {
 // it takes, and rows another claim has taken since the candidates were
 // read (it reads them to see that they are no longer due).
 func ClaimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int) string {
+	return claimSQL(t, topics, ids, limit, false)
+}
+
+// claimSQL is ClaimSQL, with each row's key_seq (0 for none) last when seq.
+func claimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int, seq bool) string {
 	var b strings.Builder
-	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)\nFROM ")
+	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)")
+	if seq {
+		b.WriteString(", COALESCE(o.key_seq, 0)")
+	}
+	b.WriteString("\nFROM ")
 	keys(&b, t, ids)
 	b.WriteString("\nWHERE o.claim_at <= " + now)
 	if topics != nil {
@@ -221,6 +230,11 @@ func keys(b *strings.Builder, t outboxdriver.Table, ids []outboxdriver.ID) {
 // since its read, which it leaves as they are), so claims of one topic
 // never hold up claims of another, and publishers never wait for a claim.
 func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
+	return d.claimTx(ctx, db, t, p, false)
+}
+
+// claimTx is Claim, with each claimed row's key_seq when seq.
+func (d *dialect) claimTx(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, seq bool) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	var claimed []outboxdriver.Claimed
 	var done []outboxdriver.Fence
 	s := sqlbuild.Successes(p.Done)
@@ -233,7 +247,7 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 			}
 		}
 		var err error
-		claimed, err = claim(ctx, tx, t, p)
+		claimed, err = claim(ctx, tx, t, p, seq)
 		return err
 	})
 	if err != nil {
@@ -260,7 +274,9 @@ func (d *dialect) fenced(ctx context.Context, db outboxdriver.DB, op string, f f
 	return err
 }
 
-func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
+// claim claims up to p.Limit rows in tx (see Claim), with their key_seq
+// when seq.
+func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, seq bool) ([]outboxdriver.Claimed, error) {
 	var out []outboxdriver.Claimed
 	var after Cursor
 	topics, candSQL := p.Topics, CandidatesSQL
@@ -288,7 +304,7 @@ func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outb
 		for i, c := range cands {
 			ids[i], order[c.ID] = c.ID, i
 		}
-		got, err := lockDue(ctx, tx, t, p, ids, need)
+		got, err := lockDue(ctx, tx, t, p, ids, need, seq)
 		if err != nil {
 			return nil, err
 		}
@@ -360,9 +376,10 @@ func candidates(ctx context.Context, tx outboxdriver.DB, q string) ([]Cursor, er
 }
 
 // lockDue runs ClaimSQL on the candidates ids and returns the rows it
-// locked (at most limit), attempts as the claim's update will leave them.
-func lockDue(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, ids []outboxdriver.ID, limit int) ([]outboxdriver.Claimed, error) {
-	rows, err := tx.QueryDB(ctx, ClaimSQL(t, p.Topics, ids, limit))
+// locked (at most limit), attempts as the claim's update will leave them,
+// with their key_seq when seq.
+func lockDue(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, ids []outboxdriver.ID, limit int, seq bool) ([]outboxdriver.Claimed, error) {
+	rows, err := tx.QueryDB(ctx, claimSQL(t, p.Topics, ids, limit, seq))
 	if err != nil {
 		return nil, err
 	}
@@ -372,7 +389,11 @@ func lockDue(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p ou
 		var id string
 		var key sql.NullString
 		var created int64
-		if err := rows.Scan(&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &created); err != nil {
+		dest := []any{&id, &c.Topic, &key, &c.Payload, &c.Headers, &c.Attempts, &c.AttemptsBase, &created}
+		if seq {
+			dest = append(dest, &c.KeySeq)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -743,8 +764,14 @@ func (d *dialect) batched(ctx context.Context, db outboxdriver.DB, op, find stri
 // now, with attempts_base = attempts (attempts stays: (id, attempts) fences
 // one claim and must never repeat), by primary key (see [KeysSQL]).
 func RedriveSQL(t outboxdriver.Table, topic string) (find string, revive func(ids []outboxdriver.ID) string) {
+	return redriveSQL(t, topic, "")
+}
+
+// redriveSQL is RedriveSQL of the dead rows that also match extra (" AND
+// ..." or empty).
+func redriveSQL(t outboxdriver.Table, topic, extra string) (find string, revive func(ids []outboxdriver.ID) string) {
 	var cond strings.Builder
-	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'")
+	cond.WriteString("settled_at IS NOT NULL AND state = 'dead'" + extra)
 	if topic != "" {
 		cond.WriteString(" AND " + topicIs + "= ")
 		binary(&cond, topic)
