@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
@@ -106,9 +107,79 @@ SELECT `
 	return q
 }
 
+// OrderedInsertOneSQL returns the publish statement of a batch of one
+// ordered message without a DedupKey (the common case: one event per
+// transaction), for table t: OrderedInsertSQL's statement with scalar
+// parameters, $1 id, $2 topic, $3 key, $4 payload, $5 headers, $6 delay in
+// seconds, $7 not-before time (NULL when absent). It takes the key row as
+// OrderedInsertSQL does (adding one to last_seq and live, under the row
+// lock held to commit) and stores the message as its key's head (pending)
+// when the key had no live message, else blocked. Against the array form
+// it saves the unnest of ten arrays, the grouping and sort of the keys and
+// the join (about a tenth of the server's time per transaction with 8
+// producers, pgbench), and the client's building of array literals.
+func OrderedInsertOneSQL(t outboxdriver.Table, notify bool, payload string) string {
+	q := `WITH k AS (
+    INSERT INTO ` + keysTable(t) + ` AS ks (message_key, last_seq, live) VALUES ($3, 1, 1)
+    ON CONFLICT (message_key) DO UPDATE SET last_seq = ks.last_seq + 1, live = ks.live + 1
+    RETURNING ks.last_seq, ks.live)`
+	ins := `INSERT INTO ` + QuoteTable(t) + ` (id, topic, message_key, payload, headers, available_at, key_seq, state)
+SELECT $1::uuid, $2, $3, $4::jsonb, $5::jsonb,
+    CASE WHEN $7::timestamptz IS NOT NULL THEN greatest(now(), $7::timestamptz) WHEN $6::float8 IS NOT NULL THEN now() + make_interval(secs => $6::float8) ELSE now() END,
+    k.last_seq, CASE WHEN k.live > 1 THEN 'blocked' ELSE 'pending' END FROM k`
+	if !notify {
+		return q + `
+` + ins
+	}
+	return q + `,
+ins AS (` + ins + `)
+SELECT FROM pg_notify(` + quoteLiteral(Channel(t)) + `, ` + quoteLiteral(payload) + `)`
+}
+
+// oneKey identifies a text of OrderedInsertOneSQL.
+type oneKey struct {
+	t       outboxdriver.Table
+	notify  bool
+	payload string
+}
+
+// orderedOnes caches OrderedInsertOneSQL's texts.
+var orderedOnes sync.Map // oneKey -> string
+
+// insertOrderedOne is Insert for one ordered row without a DedupKey (see
+// OrderedInsertOneSQL).
+func insertOrderedOne(t outboxdriver.Table, r *outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
+	key := oneKey{t, wake.Send, ""}
+	if wake.Send {
+		key.payload = wake.Payload
+	}
+	q, ok := orderedOnes.Load(key)
+	if !ok {
+		q, _ = orderedOnes.LoadOrStore(key, OrderedInsertOneSQL(t, key.notify, key.payload))
+	}
+	args := []any{r.ID.String(), r.Topic, r.Key, nil, nil, nil, nil}
+	if r.Payload != nil {
+		args[3] = string(r.Payload)
+	}
+	if r.Headers != nil {
+		args[4] = string(r.Headers)
+	}
+	switch {
+	case !r.NotBefore.IsZero():
+		args[6] = r.NotBefore
+	case r.Delay > 0:
+		args[5] = r.Delay.Seconds()
+	}
+	return q.(string), args
+}
+
 // insertOrdered is Insert for a batch with ordered rows (see
-// OrderedInsertSQL).
+// OrderedInsertSQL and, for one row without a DedupKey,
+// OrderedInsertOneSQL).
 func (d *dialect) insertOrdered(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
+	if len(rows) == 1 && rows[0].Ordered && rows[0].DedupKey == "" {
+		return insertOrderedOne(t, &rows[0], wake)
+	}
 	n := len(rows)
 	ids, topics, keys := make([]string, n), make([]string, n), make([]string, n)
 	nulls := func(get func(r *outboxdriver.Row) (string, bool)) string {

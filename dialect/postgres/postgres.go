@@ -78,7 +78,8 @@ func Channel(t outboxdriver.Table) string { return t.String() }
 //	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
 //
 // A batch with ordered rows (Row.Ordered) is stored with OrderedInsertSQL
-// instead.
+// instead, a batch of one ordered row without a DedupKey with
+// OrderedInsertOneSQL.
 func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
 	if hasOrdered(rows) {
 		return d.insertOrdered(t, rows, wake)

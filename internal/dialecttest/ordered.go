@@ -23,6 +23,7 @@ import (
 var orderedCases = []envCase{
 	{"OrderedPublish", orderedPublish},
 	{"OrderedPublishSerialises", orderedPublishSerialises},
+	{"OrderedPublishOne", orderedPublishOne},
 	{"OrderedDedup", orderedDedup},
 	{"OrderedRunClaim", orderedRunClaim},
 	{"OrderedRunBudget", orderedRunBudget},
@@ -135,6 +136,50 @@ func orderedPublish(t *testing.T, e *env) {
 	if e.count(t, idIs(res.ID)+" AND key_seq IS NULL AND state = 'pending'") != 1 {
 		t.Error("an unordered Outbox's message is not a plain pending one")
 	}
+}
+
+// orderedPublishOne: messages published one per transaction (a dialect
+// may store a batch of one with a statement of its own) are numbered and
+// stored as in a batch: a key's first message is its head, the next
+// blocked behind it; headers and payload are kept; a Delay or a NotBefore
+// in the future keeps a head from being claimed, one in the past does not.
+func orderedPublishOne(t *testing.T, e *env) {
+	one := func(m outbox.Message) outbox.ID { return e.publish(t, m)[0].ID }
+	a1 := one(outbox.Message{Topic: "x", Key: "A", Payload: []byte(`{"n":1}`), Headers: map[string]string{"h": "v"}, NotBefore: time.Now().Add(-time.Hour)})
+	a2 := one(outbox.Message{Topic: "y", Key: "A"})
+	b1 := one(outbox.Message{Topic: "x", Key: "B", Delay: time.Hour})
+	c1 := one(outbox.Message{Topic: "x", Key: "C", NotBefore: time.Now().Add(time.Hour)})
+	b2 := one(outbox.Message{Topic: "x", Key: "B"})
+	if got, want := e.states(t, a1, a2, b1, c1, b2), "pending blocked pending pending blocked"; got != want {
+		t.Errorf("states %q, want %q", got, want)
+	}
+	for id, seq := range map[outbox.ID]int{a1: 1, a2: 2, b1: 1, c1: 1, b2: 2} {
+		if e.count(t, idIs(id)+fmt.Sprintf(" AND key_seq = %d", seq)) != 1 {
+			t.Errorf("message %s: key_seq is not %d", id, seq)
+		}
+	}
+	cs := e.claimOrdered(t, 10, 10, time.Minute)
+	if len(cs) != 1 || cs[0].ID != a1 || len(cs[0].Run) != 1 || cs[0].Run[0].ID != a2 {
+		t.Fatalf("claimed %+v, want A's head with A's second message as its run (B and C not due)", cs)
+	}
+	if !bytes.Contains(cs[0].Headers, []byte(`"h"`)) || string(normalizeJSON(t, cs[0].Payload)) != `{"n":1}` {
+		t.Errorf("head's headers %s payload %s", cs[0].Headers, cs[0].Payload)
+	}
+}
+
+// normalizeJSON returns b re-encoded (a database may store JSON with other
+// spacing).
+func normalizeJSON(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%q: %v", b, err)
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // orderedPublishSerialises: a second transaction publishing for a key
