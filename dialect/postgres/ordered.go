@@ -277,10 +277,13 @@ func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	if topics == AllTopics {
 		inTopics = `coalesce(b.topic = ANY($7::text[]), true)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics) + `,
+	// The claimed rows return their key_seq: the heads are read from the
+	// claim itself, not looked up again by id (a probe of the primary key
+	// and a heap page each, which miss the cache at large backlogs).
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`) + `,
 heads AS (
-    SELECT c.id, s.message_key AS hk, s.key_seq AS hseq FROM claimed c JOIN ` + tbl + ` s ON s.id = c.id
-    WHERE s.key_seq IS NOT NULL),
+    SELECT c.id, c.message_key AS hk, c.key_seq AS hseq FROM claimed c
+    WHERE c.key_seq IS NOT NULL),
 run AS (
     SELECT h.id AS head, r.*, row_number() OVER (PARTITION BY h.id ORDER BY r.key_seq) AS pos FROM heads h CROSS JOIN LATERAL (
         SELECT x.* FROM (

@@ -62,7 +62,7 @@ func textArray(ss []string) string {
 // topics are. So a claim of every topic reads, per topic, one probe and at
 // most $2 rows, as if every topic were registered.
 func ClaimSQL(t outboxdriver.Table, topics int) string {
-	return claimCTE(t, "", topics) + `
+	return claimCTE(t, "", topics, "") + `
 SELECT ` + claimedColumns + ` FROM claimed`
 }
 
@@ -94,7 +94,7 @@ func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics) + `
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, "") + `
 SELECT ` + claimedColumns + ` FROM claimed
 UNION ALL
 SELECT f.id::text, '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowFencedOff) + `, now() FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
@@ -116,7 +116,10 @@ SELECT f.id::text, '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowFenced
 // drains: PostgreSQL broke the cycle after deadlock_timeout); with every
 // settle ahead of every lock, a statement that waits holds no lock another
 // settle needs.
-func claimCTE(t outboxdriver.Table, done string, topics int) string {
+//
+// more adds columns to claimed's RETURNING list (", o.key_seq" for the
+// ordered claim).
+func claimCTE(t outboxdriver.Table, done string, topics int, more string) string {
 	tbl := QuoteTable(t)
 	// spent: the row had its $4 attempts since its last redrive.
 	const spent = `o.attempts - o.attempts_base >= $4`
@@ -169,7 +172,7 @@ claimed AS (
         settled_at   = CASE WHEN ` + spent + ` THEN now() END,
         last_error   = CASE WHEN ` + spent + ` THEN 'max attempts reached' ELSE o.last_error END
     WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM due))` + skip + `
-    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, o.state, o.created_at)`
+    RETURNING o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, o.state, o.created_at` + more + `)`
 }
 
 // relayTexts caches the relay's statements per table (built once, not on
