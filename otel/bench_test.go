@@ -55,3 +55,22 @@ func BenchmarkDelivery(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBareSpan is what the SDK costs alone for a sampled span per
+// delivery, with no oncommit code: Start (kind and the four attributes of
+// a process span, a new root) and End, into the same batch processor.
+// BenchmarkDelivery/sampled less this is the observer's own cost.
+func BenchmarkBareSpan(b *testing.B) {
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	defer sdk.Shutdown(context.Background())
+	tr := sdk.Tracer("bench")
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		oncommitotel.KeySystem.String(oncommitotel.System), oncommitotel.KeyDestination.String("bench"),
+		oncommitotel.KeyOperationName.String("process"), oncommitotel.KeyOperationType.String("process"))}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		_, span := tr.Start(ctx, "process bench", opts...)
+		span.End()
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -106,11 +105,13 @@ type Telemetry struct {
 	sent, consumed, dead, retried, leases, fenced, listenerDown metric.Int64Counter
 	processDur, opDur                                           metric.Float64Histogram
 
-	mu    sync.RWMutex
-	attrs map[attrKey]*measureOpts
-	// starts holds, per topic, the name and first options of its process
-	// spans.
-	starts map[string]*processStart
+	// attrs holds each attribute set's measurement options; starts, per
+	// topic, the name and first options of its process spans. Both are
+	// read on every delivery by every worker, so they are copy-on-write
+	// maps: a read is an atomic load, with no lock word shared by the
+	// workers' cores.
+	attrs  cowMap[attrKey, *measureOpts]
+	starts cowMap[string, *processStart]
 
 	queue queueState
 }
@@ -153,8 +154,6 @@ func New(cfg Config) (*Telemetry, error) {
 		// With the default propagator, HandlerStart tells from the
 		// headers' names what it must read.
 		defaultProp: defaultProp,
-		attrs:       map[attrKey]*measureOpts{},
-		starts:      map[string]*processStart{},
 	}
 	m := cfg.MeterProvider.Meter(ScopeName)
 	var errs []error
@@ -192,12 +191,11 @@ func New(cfg Config) (*Telemetry, error) {
 
 // opts returns the measurement option for k, made once.
 func (t *Telemetry) opts(k attrKey) *measureOpts {
-	t.mu.RLock()
-	o, ok := t.attrs[k]
-	t.mu.RUnlock()
-	if ok {
-		return o
-	}
+	return t.attrs.get(k, func() *measureOpts { return makeOpts(k) })
+}
+
+// makeOpts makes the measurement options of k.
+func makeOpts(k attrKey) *measureOpts {
 	kv := []attribute.KeyValue{KeySystem.String(System)}
 	if k.topic != "" {
 		kv = append(kv, KeyDestination.String(k.topic))
@@ -212,11 +210,7 @@ func (t *Telemetry) opts(k attrKey) *measureOpts {
 		kv = append(kv, k.extraKey.String(k.extra))
 	}
 	set := metric.WithAttributeSet(attribute.NewSet(kv...))
-	o = &measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
-	t.mu.Lock()
-	t.attrs[k] = o
-	t.mu.Unlock()
-	return o
+	return &measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
 }
 
 // errorType is the error.type of err: its Go type, the convention for
@@ -339,19 +333,23 @@ func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context
 	}
 	var remote context.Context // the headers' context, once read
 	opts := ps.opts
-	if _, ok := d.Headers[headerTraceparent]; ok {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		// The relay's context carries a span (Run was called in one):
+		// the process span must not be its child. Without one, the
+		// span is a root anyway, and WithNewRoot would cost the SDK two
+		// allocations.
 		opts = ps.root
 	}
 	ctx, span := t.tracer.Start(ctx, ps.name, opts...)
 	if span.IsRecording() {
 		span.SetAttributes(KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt))
-		if remote == nil && len(d.Headers) > 0 {
+		sc, ok := traceparent(d.Headers)
+		if !ok && len(d.Headers) > 0 {
 			remote = t.extract(d.Headers)
+			sc = trace.SpanContextFromContext(remote)
 		}
-		if remote != nil {
-			if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
-				span.AddLink(trace.Link{SpanContext: sc})
-			}
+		if sc.IsValid() {
+			span.AddLink(trace.Link{SpanContext: sc})
 		}
 	}
 	if remote == nil {
@@ -398,8 +396,60 @@ func (t *Telemetry) fullStart(ctx context.Context, d outbox.Delivery, ps *proces
 // The default propagator's headers.
 const (
 	headerTraceparent = "traceparent"
+	headerTracestate  = "tracestate"
 	headerBaggage     = "baggage"
 )
+
+// traceparent reads the span context of h's traceparent and tracestate
+// headers when the traceparent is of version 00 (what the W3C trace
+// context propagator writes), as that propagator would, without the
+// contexts its Extract makes. ok is false when h has no traceparent or
+// one of another version: the caller asks the propagator then.
+func traceparent(h map[string]string) (sc trace.SpanContext, ok bool) {
+	v, found := h[headerTraceparent]
+	if !found || len(v) < 2 || v[:2] != "00" {
+		return sc, false
+	}
+	// 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, nothing more.
+	if len(v) != 55 || v[2] != '-' || v[35] != '-' || v[52] != '-' {
+		return sc, true // invalid: no context, as the propagator
+	}
+	var cfg trace.SpanContextConfig
+	var err error
+	if cfg.TraceID, err = trace.TraceIDFromHex(v[3:35]); err != nil {
+		return sc, true
+	}
+	if cfg.SpanID, err = trace.SpanIDFromHex(v[36:52]); err != nil {
+		return sc, true
+	}
+	flags, okf := hexByte(v[53], v[54])
+	if !okf || flags > 3 {
+		return sc, true // version 00 reserves the other bits
+	}
+	cfg.TraceFlags = trace.TraceFlags(flags) & (trace.FlagsSampled | trace.FlagsRandom)
+	if ts, found := h[headerTracestate]; found {
+		cfg.TraceState, _ = trace.ParseTraceState(ts)
+	}
+	cfg.Remote = true
+	return trace.NewSpanContext(cfg), true
+}
+
+// hexByte decodes two lowercase hex digits.
+func hexByte(hi, lo byte) (byte, bool) {
+	h, ok1 := hexDigit(hi)
+	l, ok2 := hexDigit(lo)
+	return h<<4 | l, ok1 && ok2
+}
+
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
+}
 
 // processStart is what every process span of a topic starts with, and
 // the attributes of its consumed count: made once per topic.
@@ -408,27 +458,31 @@ type processStart struct {
 	opts     []trace.SpanStartOption // kind and the topic's attributes
 	root     []trace.SpanStartOption // opts and a new root
 	consumed *measureOpts
+	// done is the attribute set of the process duration of a success.
+	done *measureOpts
 }
 
 func (t *Telemetry) processStart(topic string) *processStart {
-	t.mu.RLock()
-	ps, ok := t.starts[topic]
-	t.mu.RUnlock()
-	if ok {
-		return ps
-	}
-	ps = &processStart{
+	return t.starts.get(topic, func() *processStart { return t.makeProcessStart(topic) })
+}
+
+// makeProcessStart makes the processStart of topic.
+func (t *Telemetry) makeProcessStart(topic string) *processStart {
+	ps := &processStart{
 		name: operationProcess + " " + topic,
 		opts: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 			KeySystem.String(System), KeyDestination.String(topic), KeyOperationName.String(operationProcess),
 			KeyOperationType.String(operationProcess))},
 		consumed: t.opts(attrKey{topic: topic, op: operationProcess}),
+		done:     t.opts(processKey(topic, outbox.OutcomeDone.String(), "")),
 	}
 	ps.root = append(ps.opts[:len(ps.opts):len(ps.opts)], trace.WithNewRoot())
-	t.mu.Lock()
-	t.starts[topic] = ps
-	t.mu.Unlock()
 	return ps
+}
+
+// processKey is the attribute set of a process duration.
+func processKey(topic, outcome, errType string) attrKey {
+	return attrKey{topic: topic, op: operationProcess, errType: errType, extraKey: KeyOutcome, extra: outcome}
 }
 
 // HandlerEnd ends the process span, with the outcome and error.type when
@@ -437,6 +491,12 @@ func (t *Telemetry) processStart(topic string) *processStart {
 // [outbox.RelayObserver].
 func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
 	span := trace.SpanFromContext(ctx)
+	if e.Outcome == outbox.OutcomeDone && e.Err == nil {
+		// The common case, with its attribute set made once per topic.
+		span.End()
+		t.processDur.Record(ctx, e.Duration.Seconds(), t.processStart(e.Delivery.Topic).done.record...)
+		return
+	}
 	outcome := e.Outcome.String()
 	errType := errorType(e.Err)
 	if e.Outcome != outbox.OutcomeDone {
@@ -448,7 +508,7 @@ func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
 		fail(span, e.Err, errType)
 	}
 	span.End()
-	t.processDur.Record(ctx, e.Duration.Seconds(), t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess, errType: errType, extraKey: KeyOutcome, extra: outcome}).record...)
+	t.processDur.Record(ctx, e.Duration.Seconds(), t.opts(processKey(e.Delivery.Topic, outcome, errType)).record...)
 	if e.Outcome == outbox.OutcomeRetry {
 		t.retried.Add(ctx, 1, t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess}).add...)
 	}

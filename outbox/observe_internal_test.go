@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -52,5 +53,24 @@ func TestDeliverAllocs(t *testing.T) {
 	}
 	if n := deliverAllocs(t, nopObserver{}); n != 0 {
 		t.Errorf("no-op observer: %v allocations per delivery, want 0", n)
+	}
+}
+
+// TestDetachedValues: the handlers' parent context has Run's values,
+// none of its cancellation (nor its cause), and looking a value up in it
+// allocates nothing.
+func TestDetachedValues(t *testing.T) {
+	type key struct{}
+	run, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
+	d := detachedValues(run)
+	cancel(errors.New("relay stopped"))
+	if got := d.Value(key{}); got != "v" {
+		t.Errorf("value %v, want Run's", got)
+	}
+	if d.Done() != nil || d.Err() != nil || context.Cause(d) != nil {
+		t.Errorf("detached context: done %v, err %v, cause %v, want none", d.Done(), d.Err(), context.Cause(d))
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = d.Value(key{}) }); n != 0 {
+		t.Errorf("%v allocations per Value, want 0", n)
 	}
 }
