@@ -30,11 +30,7 @@ const mysqlBenchDB = "oncommit_bench"
 // (SELECT id, topic, payload ... ORDER BY claim_at, id LIMIT 100 FOR UPDATE
 // SKIP LOCKED, UPDATE the ids to processing, COMMIT), then DELETE the ids.
 func mysqlBench(ctx context.Context) {
-	cfg, err := mysql.ParseDSN(*mysqlDSN)
-	check(err)
-	cfg.InterpolateParams = true
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	check(err)
+	db := openMySQL()
 	defer db.Close()
 	var version string
 	check(db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version))
@@ -96,7 +92,7 @@ func mysqlBench(ctx context.Context) {
 	}
 	fmt.Printf("median relay/raw throughput = %.2fx; ratio of medians = %.2fx (raw %.2fs, relay %.2fs)\n",
 		median(ratios), median(rawSecs)/median(relSecs), median(rawSecs), median(relSecs))
-	_, err = db.ExecContext(ctx, `DROP DATABASE IF EXISTS `+mysqlBenchDB)
+	_, err := db.ExecContext(ctx, `DROP DATABASE IF EXISTS `+mysqlBenchDB)
 	check(err)
 }
 
@@ -139,4 +135,15 @@ func mysqlLeft(ctx context.Context, db *sql.DB, table string) {
 	if left != 0 {
 		check(fmt.Errorf("drain left %d rows", left))
 	}
+}
+
+// openMySQL opens the -mysql server with interpolateParams=true (a bound
+// statement is one round trip), for the MySQL scenarios.
+func openMySQL() *sql.DB {
+	cfg, err := mysql.ParseDSN(*mysqlDSN)
+	check(err)
+	cfg.InterpolateParams = true
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	check(err)
+	return db
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	mysqldialect "github.com/oncommit/oncommit/dialect/mysql"
 	"github.com/oncommit/oncommit/outbox"
@@ -25,11 +23,7 @@ const mysqlOrderedDB = "oncommit_bench_ordered"
 // sides alternating within each round: a drain of keys x per messages by
 // one relay, and 1-message publishes by 8 producers on 8 keys.
 func mysqlOrderedBench(ctx context.Context) {
-	cfg, err := mysql.ParseDSN(*mysqlDSN)
-	check(err)
-	cfg.InterpolateParams = true
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	check(err)
+	db := openMySQL()
 	defer db.Close()
 	db.SetMaxIdleConns(16)
 	const keys, per = 10_000, 5
@@ -126,6 +120,6 @@ func mysqlOrderedBench(ctx context.Context) {
 		}
 		fmt.Printf("%s: median ordered/unordered %.2fx (%.2f-%.2f)\n", sc.name, median(ratios), lo, hi)
 	}
-	_, err = db.ExecContext(ctx, `DROP DATABASE IF EXISTS `+mysqlOrderedDB)
+	_, err := db.ExecContext(ctx, `DROP DATABASE IF EXISTS `+mysqlOrderedDB)
 	check(err)
 }

@@ -399,30 +399,28 @@ func keysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
 // in key_seq order, through the key index (a plain read): the messages
 // that become heads when their keys have none.
 func NextSQL(t outboxdriver.Table, keys []string) string {
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString("\nUNION ALL ")
-		}
-		b.WriteString("(SELECT b.id, b.message_key FROM " + QuoteTable(t) + " AS b" + keyIndex(t) + " WHERE b.message_key = ")
-		text(&b, k)
-		b.WriteString(" AND b.key_seq > 0 AND b.state = 'blocked' ORDER BY b.key_seq LIMIT 1)")
-	}
-	return b.String()
+	return perKey(t, "b", "b.id, b.message_key", " AND b.key_seq > 0 AND b.state = 'blocked' ORDER BY b.key_seq LIMIT 1)", keys)
 }
 
 // HeadsSQL returns the read of the keys among keys that have a head (a
 // pending or processing ordered message), a plain read through the key
 // index: it walks a key's ordered messages up to its head.
 func HeadsSQL(t outboxdriver.Table, keys []string) string {
+	return perKey(t, "h", "h.message_key", " AND h.key_seq > 0 AND h.state IN ('pending', 'processing') LIMIT 1)", keys)
+}
+
+// perKey returns the UNION ALL, one parenthesized read of cols per key of
+// keys, of t aliased as alias through the key index, where the key is the
+// message_key and tail follows (closing the parenthesis).
+func perKey(t outboxdriver.Table, alias, cols, tail string, keys []string) string {
 	var b strings.Builder
 	for i, k := range keys {
 		if i > 0 {
 			b.WriteString("\nUNION ALL ")
 		}
-		b.WriteString("(SELECT h.message_key FROM " + QuoteTable(t) + " AS h" + keyIndex(t) + " WHERE h.message_key = ")
+		b.WriteString("(SELECT " + cols + " FROM " + QuoteTable(t) + " AS " + alias + keyIndex(t) + " WHERE " + alias + ".message_key = ")
 		text(&b, k)
-		b.WriteString(" AND h.key_seq > 0 AND h.state IN ('pending', 'processing') LIMIT 1)")
+		b.WriteString(tail)
 	}
 	return b.String()
 }
