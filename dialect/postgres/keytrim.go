@@ -10,11 +10,22 @@ import (
 var _ outboxdriver.KeyTrimmer = (*dialect)(nil)
 
 // TrimKeysLockSQL returns the first statement of a key trim: it locks at
-// most $1 rows of t's keys table with live = 0 and no halted head, skipping
+// most $1 rows of t's keys table with live = 0, no halted head and (in the
+// statement's snapshot) no live message, skipping
 // the rows an open transaction holds (a publisher's upsert, a settle, a
 // redrive), and returns their keys.
 func TrimKeysLockSQL(t outboxdriver.Table) string {
-	return `SELECT message_key FROM ` + keysTable(t) + ` WHERE live = 0 AND halted_seq IS NULL LIMIT $1 FOR UPDATE SKIP LOCKED`
+	return `SELECT message_key FROM ` + keysTable(t) + ` AS ks WHERE live = 0 AND halted_seq IS NULL AND ` + noLiveMessage(t) + `
+    LIMIT $1 FOR UPDATE OF ks SKIP LOCKED`
+}
+
+// noLiveMessage is the condition that key row ks has no message in t in a
+// live state (pending, processing, blocked, dead). The lock statement
+// filters with it too, so that keys kept by a dead message do not fill
+// every batch's LIMIT and starve the keys behind them.
+func noLiveMessage(t outboxdriver.Table) string {
+	return `NOT EXISTS (SELECT 1 FROM ` + QuoteTable(t) + ` o WHERE o.message_key = ks.message_key AND o.key_seq IS NOT NULL
+        AND o.state IN ('pending', 'processing', 'blocked', 'dead'))`
 }
 
 // TrimKeysDeleteSQL returns the second statement of a key trim: among the
@@ -34,8 +45,7 @@ func TrimKeysLockSQL(t outboxdriver.Table) string {
 // missed.
 func TrimKeysDeleteSQL(t outboxdriver.Table) string {
 	return `DELETE FROM ` + keysTable(t) + ` AS ks WHERE ks.message_key = ANY($1::text[]) AND ks.live = 0 AND ks.halted_seq IS NULL
-    AND NOT EXISTS (SELECT 1 FROM ` + QuoteTable(t) + ` o WHERE o.message_key = ks.message_key AND o.key_seq IS NOT NULL
-        AND o.state IN ('pending', 'processing', 'blocked', 'dead'))`
+    AND ` + noLiveMessage(t)
 }
 
 // TrimKeys implements outboxdriver.KeyTrimmer: one transaction of the two

@@ -93,11 +93,13 @@ func orderedTrimKeys(t *testing.T, e *env) {
 		t.Errorf("TrimKeys with limit 0: %v, want ErrInvalidConfig", err)
 	}
 	dead := outboxdriver.Settlement{Kind: outboxdriver.SettleDead, Error: "poison"}
-	// One key at a time, so that each claim finds only its head.
-	for _, k := range []string{"D1", "D2", "D3", "Cont", "Halt", "Open"} {
+	// One key at a time, so that each claim finds only its head. C1..C3
+	// (dead under Continue, like Cont) come first in the keys table and in
+	// key order: they must not fill the batch of the trim with limit 2.
+	for _, k := range []string{"C1", "C2", "C3", "D1", "D2", "D3", "Cont", "Halt", "Open"} {
 		id := e.publish(t, outbox.Message{Topic: "x", Key: k})[0].ID
 		switch k {
-		case "Cont":
+		case "Cont", "C1", "C2", "C3":
 			e.settleHead(t, id, k, dead, false)
 		case "Halt":
 			e.settleHead(t, id, k, dead, true)
@@ -147,7 +149,7 @@ func orderedTrimKeys(t *testing.T, e *env) {
 			t.Errorf("key %s: row kept (last_seq %d) with nothing left", k, seq)
 		}
 	}
-	for _, k := range []string{"Cont", "Halt", "Open", "Pend"} {
+	for _, k := range []string{"C1", "C2", "C3", "Cont", "Halt", "Open", "Pend"} {
 		if seq := e.keyRow(t, k); seq == -1 {
 			t.Errorf("key %s: row trimmed", k)
 		}
@@ -162,8 +164,8 @@ func orderedTrimKeys(t *testing.T, e *env) {
 	}
 	// Redrive the Continue-dead message: its key row was kept, so it
 	// re-enters at its place and is delivered.
-	if n, err := e.ob.Redrive(ctx, e.DB, "x"); err != nil || n != 2 {
-		t.Fatalf("redrive: %d %v, want Cont and Halt", n, err)
+	if n, err := e.ob.Redrive(ctx, e.DB, "x"); err != nil || n != 5 {
+		t.Fatalf("redrive: %d %v, want C1, C2, C3, Cont and Halt", n, err)
 	}
 	rec := newOrderedRecorder(t, nil)
 	e.relay(t, outbox.RelayConfig{}, map[string]outbox.Handler{"x": rec.handler, "y": rec.handler})
@@ -172,8 +174,8 @@ func orderedTrimKeys(t *testing.T, e *env) {
 		t.Errorf("D1 delivered %d times, want 2", got)
 	}
 	// Now every key has nothing left: all their rows go.
-	if n := e.trimKeys(t, 100); n != 5 {
-		t.Errorf("final trim deleted %d rows, want D1, Cont, Halt, Open, Pend", n)
+	if n := e.trimKeys(t, 100); n != 8 {
+		t.Errorf("final trim deleted %d rows, want C1, C2, C3, D1, Cont, Halt, Open, Pend", n)
 	}
 }
 
