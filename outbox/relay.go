@@ -288,7 +288,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.cfg.DisableLeaseRenewal {
 		startBG(r.renewLoop)
 	}
-	if r.cfg.KeepDelivered > 0 && r.cfg.KeepDelivered != Forever {
+	if r.janitorRuns() {
 		startBG(r.janitorLoop)
 	}
 	if r.cfg.UnhandledEvery != Forever && !r.all { // a catch-all handles every topic

@@ -126,7 +126,10 @@ type RelayConfig struct {
 	KeepDelivered time.Duration
 
 	// JanitorEvery is how often the janitor purges delivered messages older
-	// than KeepDelivered. Defaults to DefaultJanitorEvery (1m).
+	// than KeepDelivered and, with Config.OrderByKey on a dialect that
+	// trims them (outboxdriver.KeyTrimmer), deletes the key rows of ordered
+	// delivery no longer needed (see docs/internals.md). Defaults to
+	// DefaultJanitorEvery (1m).
 	JanitorEvery time.Duration
 
 	// Listen says whether the relay listens for the wake-up notifications

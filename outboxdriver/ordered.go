@@ -143,3 +143,30 @@ type Statement struct {
 	Query string
 	Args  []any
 }
+
+// KeyTrimmer is implemented by an [OrderedDialect] that can delete the
+// rows of KeysTable no longer needed; a relay of an Outbox with
+// OrderByKey runs it from its janitor, every JanitorEvery. A dialect
+// without it keeps every key row forever.
+//
+// TrimKeys deletes at most limit key rows (one short transaction) with
+// live = 0, no halted head (halted_seq NULL) and no message of the key
+// left in t in a state that is not settled for good (pending, processing,
+// blocked or dead: a redrive of a dead message, even one dead under the
+// Continue policy, joins on its key row and must find its last_seq, so
+// that the numbers are not given again). It skips a key row held by an
+// open transaction (a publisher of the key, a settle) rather than wait,
+// and returns how many rows it deleted.
+//
+// A publisher of a trimmed key then creates its row again, with last_seq
+// restarting at 1. That cannot break the key's order: no message of the
+// key is left to be ordered against, and the deletion commits under the
+// key row's lock, which the publisher's upsert takes too (it waits for
+// the deletion, or the trim skips the row it holds). Delivered messages
+// kept by RelayConfig.KeepDelivered are not live, so they do not keep a
+// key row: their key_seq values repeat across generations of a key, and
+// key_seq orders a key's messages only within one generation (settled_at
+// orders the history).
+type KeyTrimmer interface {
+	TrimKeys(ctx context.Context, db DB, t Table, limit int) (int64, error)
+}

@@ -54,7 +54,7 @@ func runOrdered(t *testing.T, h Harness) {
 		})
 		return
 	}
-	runCases(t, h, outbox.Config{OrderByKey: true}, orderedCases)
+	runCases(t, h, outbox.Config{OrderByKey: true}, append(slices.Clone(orderedCases), keyTrimCases...))
 }
 
 func (e *env) od(t *testing.T) outboxdriver.OrderedDialect {
