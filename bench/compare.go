@@ -149,7 +149,12 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 				continue
 			}
 			for _, s := range rotate(consumers) {
-				res.add(name, s.name, "msg/s", true, drainRun(ctx, s, procs, *n, nil))
+				// Client CPU per delivered message: getrusage of this
+				// process from the start of the drain (consumers built) to
+				// its end.
+				var cpu0 time.Duration
+				res.add(name, s.name, "msg/s", true, drainRun(ctx, s, procs, *n, func() { cpu0 = processCPU() }))
+				res.add(name+"-cpu", s.name, "us/msg", false, float64((processCPU()-cpu0).Nanoseconds())/1e3/float64(*n))
 			}
 		}
 		if want("latency") {
@@ -245,12 +250,13 @@ func publishRun(ctx context.Context, s *system, producers, txs, perTx int, mark 
 func drainRun(ctx context.Context, s *system, procs, n int, mark func()) float64 {
 	s.reset(ctx)
 	s.fill(ctx, n, "bench")
-	if mark != nil {
-		mark()
+	if mark == nil {
+		mark = func() {}
 	}
 	var secs float64
 	want, delivered := n, int64(n)
 	if s.rawDrain != nil {
+		mark()
 		t0 := time.Now()
 		s.rawDrain(ctx, procs)
 		secs = time.Since(t0).Seconds()
@@ -259,6 +265,7 @@ func drainRun(ctx context.Context, s *system, procs, n int, mark func()) float64
 		var k atomic.Int64
 		onMsg, done := untilHandled(want, func(int64) { k.Add(1) })
 		start, stop := s.consume(ctx, procs, onMsg)
+		mark()
 		t0 := time.Now()
 		start()
 		<-done
