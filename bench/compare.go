@@ -75,6 +75,27 @@ func (r *results) ratio(s *series) float64 {
 	return median(raw.vals) / median(s.vals)
 }
 
+// pairedRatio is the median over rounds of the round's ratio to the raw
+// reference of the same round, oriented as ratio; 0 when there is no
+// reference. Rounds alternate the systems, so a round's two figures were
+// taken seconds apart: when the host's speed swings from round to round
+// (here by up to 1.6x), this is the steadier estimate of the two.
+func (r *results) pairedRatio(s *series) float64 {
+	raw := r.get(s.scenario, "raw")
+	if raw == nil || s.system == "raw" || len(raw.vals) != len(s.vals) {
+		return 0
+	}
+	per := make([]float64, len(s.vals))
+	for i, v := range s.vals {
+		if s.higherIsBetter {
+			per[i] = v / raw.vals[i]
+		} else {
+			per[i] = raw.vals[i] / v
+		}
+	}
+	return median(per)
+}
+
 func compare(ctx context.Context, admin *pgxpool.Pool) {
 	want := func(s string) bool {
 		return *compareOnly == "" || slices.Contains(strings.Split(*compareOnly, ","), s)
@@ -553,16 +574,18 @@ func skewRun(ctx context.Context, s *system) float64 {
 }
 
 func printSummary(res *results) {
-	fmt.Printf("\n== compare summary: medians of %d rounds, spread min-max; x raw = ratio of medians to the raw reference (above 1: better than raw)\n", *rounds)
-	fmt.Printf("%-18s %-20s %12s %25s %8s\n", "scenario", "system", "median", "min-max", "x raw")
+	fmt.Printf("\n== compare summary: medians of %d rounds, spread min-max; x raw = ratio of medians to the raw reference (above 1: better than raw); paired = median of the rounds' own ratios to raw\n", *rounds)
+	fmt.Printf("%-18s %-20s %12s %25s %8s %8s\n", "scenario", "system", "median", "min-max", "x raw", "paired")
+	times := func(r float64) string {
+		if r > 0 {
+			return fmt.Sprintf("%.2fx", r)
+		}
+		return "-"
+	}
 	for _, k := range res.order {
 		s := res.by[k]
-		ratio := "-"
-		if r := res.ratio(s); r > 0 {
-			ratio = fmt.Sprintf("%.2fx", r)
-		}
-		fmt.Printf("%-18s %-20s %12s %25s %8s\n", s.scenario, s.system, num(median(s.vals))+" "+s.unit,
-			num(slices.Min(s.vals))+"-"+num(slices.Max(s.vals)), ratio)
+		fmt.Printf("%-18s %-20s %12s %25s %8s %8s\n", s.scenario, s.system, num(median(s.vals))+" "+s.unit,
+			num(slices.Min(s.vals))+"-"+num(slices.Max(s.vals)), times(res.ratio(s)), times(res.pairedRatio(s)))
 	}
 }
 
