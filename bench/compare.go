@@ -617,13 +617,7 @@ func printEnvironment(ctx context.Context, admin *pgxpool.Pool) {
 		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
 	}
 	fmt.Printf("machine: %s, %d CPUs, GOMAXPROCS=%d, MemTotal %s, %s/%s\n", cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), mem, runtime.GOOS, runtime.GOARCH)
-	rev, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
-	dirty, _ := exec.Command("git", "status", "--porcelain", "--", "../outbox", "../dialect/postgres", "../adapters").Output()
-	state := ""
-	if len(dirty) > 0 {
-		state = " (library modified)"
-	}
-	fmt.Printf("go: %s; oncommit %s%s\n", runtime.Version(), strings.TrimSpace(string(rev)), state)
+	fmt.Printf("go: %s; oncommit %s\n", runtime.Version(), buildRevision())
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		var mods []string
 		for _, d := range bi.Deps {
@@ -646,4 +640,32 @@ func printEnvironment(ctx context.Context, admin *pgxpool.Pool) {
 	}
 	fmt.Printf("server settings: %s\n", strings.Join(settings, " "))
 	fmt.Printf("run: rounds=%d n=%d latency-n=%d latency8-n=%d, started %s\n", *rounds, *n, *latencyN, *latency8N, time.Now().UTC().Format(time.RFC3339))
+}
+
+// buildRevision is the commit the binary was built from, as go build
+// stamped it (so it is right wherever the binary runs), "+ modified" when
+// the work tree had changes; else what git says in the working directory.
+func buildRevision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		rev, modified := "", false
+		for _, st := range bi.Settings {
+			switch st.Key {
+			case "vcs.revision":
+				rev = st.Value
+			case "vcs.modified":
+				modified = st.Value == "true"
+			}
+		}
+		if rev != "" {
+			if len(rev) > 7 {
+				rev = rev[:7]
+			}
+			if modified {
+				rev += " + modified"
+			}
+			return rev
+		}
+	}
+	out, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	return strings.TrimSpace(string(out))
 }
