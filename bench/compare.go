@@ -57,7 +57,7 @@ func (r *results) add(scenario, system, unit string, higher bool, v float64) {
 		r.order = append(r.order, k)
 	}
 	s.vals = append(s.vals, v)
-	fmt.Printf("  %-12s %-20s %10.4g %s\n", scenario, system, v, unit)
+	fmt.Printf("  %-12s %-20s %10.6g %s\n", scenario, system, v, unit)
 }
 
 func (r *results) get(scenario, system string) *series { return r.by[scenario+"\x00"+system] }
