@@ -69,7 +69,7 @@ var (
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
 	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
-	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m (only when named)")
+	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m and publish-wal (only when named)")
 	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
 	countDB    = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
 	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: func() slog.Level {

@@ -76,10 +76,14 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 		{"publish-one", "publish 1/tx, 8 producers on one key", publishOn(true)},
 	}
 	// -cases keeps some of them (by id, comma-separated), for an A/B of one;
-	// claim-1m (ordered_claim.go) runs only when named.
+	// claim-1m (ordered_claim.go) and publish-wal (ordered_wal.go) run only
+	// when named.
 	cases := strings.Split(*drainCases, ",")
 	if slices.Contains(cases, "claim-1m") {
 		claimBacklog(ctx, pool)
+	}
+	if slices.Contains(cases, "publish-wal") {
+		publishWAL(ctx, pool)
 	}
 	var scenarios []scenario
 	for _, sc := range all {
