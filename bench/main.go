@@ -69,7 +69,7 @@ var (
 	n          = flag.Int("n", 50000, "messages per drain")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
 	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
-	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m (only when named)")
+	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m, publish-wal, publish-cpu (only when named)")
 	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
 	countDB    = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
 	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: func() slog.Level {
@@ -588,22 +588,40 @@ func serverCPU() time.Duration {
 		if d.Name()[0] < '0' || d.Name()[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open || s[open+1:end] != "postgres" {
-			continue
-		}
-		f := strings.Fields(s[end+1:])
-		// After the command: state is field 3 of stat(5); utime, stime,
-		// cutime, cstime are fields 14-17.
-		for _, k := range []int{14, 15, 16, 17} {
-			v, _ := strconv.ParseInt(f[k-3], 10, 64)
-			ticks += v
+		if comm, f := procStat(d.Name()); comm == "postgres" {
+			// utime, stime, cutime, cstime are fields 14-17 of stat(5).
+			ticks += statTicks(f, 14, 15, 16, 17)
 		}
 	}
 	return time.Duration(ticks) * time.Second / 100
+}
+
+// procStat returns the command of process pid and the fields of its
+// /proc/pid/stat after the command (f[0] is field 3 of stat(5), the
+// state), or "" when it cannot be read.
+func procStat(pid string) (comm string, f []string) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return "", nil
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", nil
+	}
+	f = strings.Fields(s[end+1:])
+	if len(f) < 15 {
+		return "", nil
+	}
+	return s[open+1 : end], f
+}
+
+// statTicks sums fields (numbered as in stat(5)) of procStat's f.
+func statTicks(f []string, fields ...int) int64 {
+	var ticks int64
+	for _, k := range fields {
+		v, _ := strconv.ParseInt(f[k-3], 10, 64)
+		ticks += v
+	}
+	return ticks
 }

@@ -47,24 +47,8 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 		return func(ordered bool) float64 {
 			ob := orderedTable(ctx, pool, "ordered", ordered)
 			const producers, perProducer = 8, 250
-			var wg sync.WaitGroup
 			t0 := time.Now()
-			for p := range producers {
-				key := fmt.Sprintf("producer-%d", p)
-				if shared {
-					key = "shared"
-				}
-				wg.Go(func() {
-					for range perProducer {
-						tx, err := pool.Begin(ctx)
-						check(err)
-						_, err = ob.Publish(ctx, pgxtx.From(tx), outbox.Message{Topic: "bench", Key: key, Payload: []byte(`{"n":1}`)})
-						check(err)
-						check(tx.Commit(ctx))
-					}
-				})
-			}
-			wg.Wait()
+			publishKeys(ctx, pool, ob, producers, perProducer, shared)
 			return float64(producers*perProducer) / time.Since(t0).Seconds()
 		}
 	}
@@ -76,10 +60,17 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 		{"publish-one", "publish 1/tx, 8 producers on one key", publishOn(true)},
 	}
 	// -cases keeps some of them (by id, comma-separated), for an A/B of one;
-	// claim-1m (ordered_claim.go) runs only when named.
+	// claim-1m (ordered_claim.go), publish-wal and publish-cpu
+	// (ordered_wal.go) run only when named.
 	cases := strings.Split(*drainCases, ",")
 	if slices.Contains(cases, "claim-1m") {
 		claimBacklog(ctx, pool)
+	}
+	if slices.Contains(cases, "publish-wal") {
+		publishWAL(ctx, pool)
+	}
+	if slices.Contains(cases, "publish-cpu") {
+		publishCPU(ctx, pool)
 	}
 	var scenarios []scenario
 	for _, sc := range all {
@@ -111,6 +102,29 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 		fmt.Printf("%-40s unordered %7.0f (%.0f-%.0f)  ordered %7.0f (%.0f-%.0f)  %.2fx\n", sc.name,
 			median(u), slices.Min(u), slices.Max(u), median(o), slices.Min(o), slices.Max(o), median(o)/median(u))
 	}
+}
+
+// publishKeys publishes n messages from each of producers goroutines, one
+// per transaction, producer p on key "producer-p" (all on "shared" with
+// shared), through pool.
+func publishKeys(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, producers, n int, shared bool) {
+	var wg sync.WaitGroup
+	for p := range producers {
+		key := fmt.Sprintf("producer-%d", p)
+		if shared {
+			key = "shared"
+		}
+		wg.Go(func() {
+			for range n {
+				tx, err := pool.Begin(ctx)
+				check(err)
+				_, err = ob.Publish(ctx, pgxtx.From(tx), outbox.Message{Topic: "bench", Key: key, Payload: []byte(`{"n":1}`)})
+				check(err)
+				check(tx.Commit(ctx))
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // orderedTable is table with Config.OrderByKey set as asked.
