@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -280,22 +281,41 @@ func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	// The claimed rows return their key_seq: the heads are read from the
 	// claim itself, not looked up again by id (a probe of the primary key
 	// and a heap page each, which miss the cache at large backlogs).
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`) + `,
+	//
+	// The runs are read one level at a time (a recursive CTE: every
+	// head's next blocked message, then the next of each run that went
+	// on...), and runs takes the first $8 rows. PostgreSQL evaluates a
+	// recursive CTE only as far as its reader pulls, so the recursion
+	// stops once the budget is full: the claim reads the run members it
+	// returns and, per run, the one message that cuts it, not every
+	// blocked message of each key up to $8 (a key's messages lie on
+	// different heap pages, each a cache miss at a large backlog).
+	next := func(key, after string) string {
+		return `CROSS JOIN LATERAL (
+        SELECT b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq,
+            b.available_at <= now() AND ` + inTopics + ` AS ok
+        FROM ` + tbl + ` b
+        WHERE b.message_key = ` + key + ` AND b.key_seq > ` + after + ` AND b.state = 'blocked'
+        ORDER BY b.key_seq
+        LIMIT 1) r
+    WHERE r.ok`
+	}
+	with := claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`)
+	if !strings.HasPrefix(with, "WITH RECURSIVE ") { // all topics: already
+		with = "WITH RECURSIVE " + strings.TrimPrefix(with, "WITH ")
+	}
+	return with + `,
 heads AS (
     SELECT c.id, c.message_key AS hk, c.key_seq AS hseq FROM claimed c
     WHERE c.key_seq IS NOT NULL),
 run AS (
-    SELECT h.id AS head, r.*, row_number() OVER (PARTITION BY h.id ORDER BY r.key_seq) AS pos FROM heads h CROSS JOIN LATERAL (
-        SELECT x.* FROM (
-            SELECT b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq,
-                bool_and(b.available_at <= now() AND ` + inTopics + `) OVER (ORDER BY b.key_seq) AS ok
-            FROM ` + tbl + ` b
-            WHERE b.message_key = h.hk AND b.key_seq > h.hseq AND b.state = 'blocked'
-            ORDER BY b.key_seq
-            LIMIT $8) x
-        WHERE x.ok) r),
+    SELECT h.id AS head, r.id, r.topic, r.message_key, r.payload, r.headers, r.attempts, r.attempts_base, r.created_at, r.key_seq, 1 AS pos
+    FROM (SELECT * FROM heads ORDER BY id) h ` + next("h.hk", "h.hseq") + `
+    UNION ALL
+    SELECT p.head, r.id, r.topic, r.message_key, r.payload, r.headers, r.attempts, r.attempts_base, r.created_at, r.key_seq, p.pos + 1
+    FROM run p ` + next("p.message_key", "p.key_seq") + `),
 runs AS (
-    SELECT * FROM run ORDER BY pos, head LIMIT $8)
+    SELECT * FROM run LIMIT $8)
 SELECT 0, ` + claimedColumns + `, coalesce(h.hseq, 0), NULL FROM claimed LEFT JOIN heads h USING (id)
 UNION ALL
 SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM runs
