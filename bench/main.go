@@ -63,16 +63,17 @@ import (
 var concurrency = 0 // RelayConfig default
 
 var (
-	url        = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only       = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
-	rounds     = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
-	n          = flag.Int("n", 50000, "messages per drain")
-	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
-	memprofile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
-	drainCases = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m, publish-wal, publish-cpu (only when named)")
-	rawIDs     = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
-	countDB    = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
-	quiet      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: func() slog.Level {
+	url            = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	only           = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
+	rounds         = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
+	n              = flag.Int("n", 50000, "messages per drain")
+	cpuprofile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
+	memprofile     = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
+	drainCases     = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m, publish-wal, publish-cpu (only when named)")
+	rawIDs         = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
+	claimRandomIDs = flag.Bool("claim-random-ids", false, "ordered claim-1m: seed random ids (gen_random_uuid) instead of ids that grow in insertion order like the relay's ULIDs")
+	countDB        = flag.Bool("counters", true, "relays count and time their claims and settles (a tracer and a DB wrapper, part of their client CPU) for the drain lines")
+	quiet          = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: func() slog.Level {
 		if os.Getenv("OC_DEBUG") != "" {
 			return slog.LevelDebug
 		}

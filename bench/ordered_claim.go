@@ -94,13 +94,23 @@ func claimBacklog(ctx context.Context, pool *pgxpool.Pool) {
 // table in SQL, as ordered publishes would leave them: keys from key-<from>,
 // message 1 of each key pending (its head), the others blocked behind it,
 // inserted message j of every key before message j+1 of any; and their key
-// rows.
+// rows. The ids grow in insertion order, seed after seed, as the ULIDs of
+// publishes made one after another do (the claim takes heads in
+// (available_at, id) order, so with the relay's ids a claim's heads lie on
+// few heap pages): the statement's time in microseconds, then the row's
+// place. With -claim-random-ids they are random (gen_random_uuid), as the
+// bench seeded them before: heads claimed in an order unrelated to where
+// they lie, one heap page each.
 func seedOrdered(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, from, keys, per int) {
 	tx, err := pool.Begin(ctx)
 	check(err)
 	defer tx.Rollback(ctx)
+	id := `(lpad(to_hex((extract(epoch FROM statement_timestamp()) * 1000000)::bigint), 14, '0') || lpad(to_hex(row_number() OVER (ORDER BY s, k)), 18, '0'))::uuid`
+	if *claimRandomIDs {
+		id = `gen_random_uuid()`
+	}
 	_, err = tx.Exec(ctx, `INSERT INTO `+postgres.QuoteTable(ob.Table())+` (id, topic, message_key, payload, key_seq, state)
-SELECT gen_random_uuid(), 'bench', 'key-' || k, '{"n":1}', s, CASE WHEN s = 1 THEN 'pending' ELSE 'blocked' END
+SELECT `+id+`, 'bench', 'key-' || k, '{"n":1}', s, CASE WHEN s = 1 THEN 'pending' ELSE 'blocked' END
 FROM generate_series(1, $3::int) s, generate_series($1::int, $1::int + $2::int - 1) k ORDER BY s, k`, from, keys, per)
 	check(err)
 	_, err = tx.Exec(ctx, `INSERT INTO `+postgres.QuoteTable(outboxdriver.KeysTable(ob.Table()))+` (message_key, last_seq, live)

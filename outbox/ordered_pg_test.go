@@ -2,14 +2,19 @@ package outbox_test
 
 import (
 	"context"
+	"math"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // outboxSeqScan matches a sequential scan of the outbox table (not of
@@ -63,6 +68,60 @@ func TestOrderedPlansUseIndexes(t *testing.T) {
 			t.Errorf("%s plan does not use the key index:\n%s", name, plan)
 		}
 		t.Logf("%s:\n%s", name, plan)
+	}
+}
+
+// TestOrderedClaimReadsOnlyItsRuns: the ordered claim reads, of the
+// blocked messages behind its heads, the run members it returns (and the
+// one that cuts a run), not every blocked message of each key up to the
+// run budget. 50 keys of 100 messages (a head and 99 blocked each) and a
+// budget of 100: the claim's scans of the key index return about 100
+// rows (a range scan of up to the budget per head returned 4,950), and
+// the claim returns 50 heads with runs of 2, each its key's next two.
+func TestOrderedClaimReadsOnlyItsRuns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{OrderByKey: true})
+	admin := pgtest.Admin(t)
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + ` (id, topic, message_key, key_seq, state, available_at)
+		SELECT gen_random_uuid(), 't0', 'k' || (g / 100), g % 100 + 1,
+		       CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'blocked' END, now() - interval '1 minute'
+		FROM generate_series(0, 4999) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`INSERT INTO ` + e.table + `_keys (message_key, last_seq, live) SELECT 'k' || g, 100, 100 FROM generate_series(0, 49) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`ANALYZE ` + e.table + `; ANALYZE ` + e.table + `_keys`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := nodesOf(t, planOf(t, tx, `EXPLAIN (ANALYZE, FORMAT JSON) `+postgres.OrderedClaimSQL(e.ob.Table(), 1, false),
+		"t0", 100, 30.0, math.MaxInt32, "{}", "{}", "{t0}", 100))
+	tx.Rollback()
+	// EXPLAIN gives rows per loop, rounded: up to one more a loop.
+	read, slack := 0.0, 0.0
+	for _, n := range run {
+		if strings.HasSuffix(n.Index, "key_seq_idx") {
+			read += n.Rows * n.Loops
+			slack += n.Loops
+		}
+	}
+	if read < 100 || read > 100+slack {
+		t.Errorf("the claim read %v rows from the key index, want 100 (+%v): %+v", read, slack, run)
+	}
+	d := postgres.Dialect().(outboxdriver.OrderedDialect)
+	cs, _, err := d.ClaimOrdered(context.Background(), pgxtx.FromPool(pool(t)), e.ob.Table(),
+		outboxdriver.ClaimParams{Topics: []string{"t0"}, Limit: 100, Lease: time.Minute, MaxAttempts: 5}, 100)
+	if err != nil || len(cs) != 50 {
+		t.Fatalf("claimed %d heads, %v; want 50", len(cs), err)
+	}
+	for _, c := range cs {
+		if len(c.Run) != 2 || c.Run[0].KeySeq != c.KeySeq+1 || c.Run[1].KeySeq != c.KeySeq+2 || c.Run[0].Key != c.Key || c.Run[1].Key != c.Key {
+			t.Errorf("head %s seq %d: run %+v, want its key's next two", c.Key, c.KeySeq, c.Run)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -280,22 +281,58 @@ func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	// The claimed rows return their key_seq: the heads are read from the
 	// claim itself, not looked up again by id (a probe of the primary key
 	// and a heap page each, which miss the cache at large backlogs).
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`) + `,
+	//
+	// The runs are read without reading past the budget. Round-robin
+	// sharing gives every head at least its first c = $8 / heads (at
+	// least 1) messages, n x c <= $8 in all: the first term of run reads
+	// them, one range scan of the key index per head, cut at the first
+	// message that is not due or of another topic (the window runs over at
+	// most c rows, so it reads no row beyond them). The recursive term
+	// then goes on one message per level (the next of every run whose
+	// chunk was full and not cut: the rows at pos >= c), and runs takes
+	// the first $8 rows. PostgreSQL evaluates a recursive CTE only as far
+	// as its reader pulls, so the recursion stops once the budget is full:
+	// the claim reads the members it returns and, per run, the message
+	// that cuts it, not every blocked message of each key up to $8 (a
+	// key's messages lie on different heap pages, each a cache miss at a
+	// large backlog). The heads are taken in id order and each level
+	// follows the one before: the first $8 rows are round-robin's.
+	row := `b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq`
+	ok := `b.available_at <= now() AND ` + inTopics
+	with := claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`)
+	if !strings.HasPrefix(with, "WITH RECURSIVE ") { // all topics: already
+		with = "WITH RECURSIVE " + strings.TrimPrefix(with, "WITH ")
+	}
+	return with + `,
 heads AS (
     SELECT c.id, c.message_key AS hk, c.key_seq AS hseq FROM claimed c
     WHERE c.key_seq IS NOT NULL),
+share AS MATERIALIZED (
+    SELECT greatest($8::bigint / greatest(count(*), 1), 1) AS c FROM heads),
 run AS (
-    SELECT h.id AS head, r.*, row_number() OVER (PARTITION BY h.id ORDER BY r.key_seq) AS pos FROM heads h CROSS JOIN LATERAL (
+    SELECT h.id AS head, r.id, r.topic, r.message_key, r.payload, r.headers, r.attempts, r.attempts_base, r.created_at, r.key_seq, r.pos
+    FROM (SELECT * FROM heads ORDER BY id) h CROSS JOIN LATERAL (
         SELECT x.* FROM (
-            SELECT b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq,
-                bool_and(b.available_at <= now() AND ` + inTopics + `) OVER (ORDER BY b.key_seq) AS ok
-            FROM ` + tbl + ` b
-            WHERE b.message_key = h.hk AND b.key_seq > h.hseq AND b.state = 'blocked'
-            ORDER BY b.key_seq
-            LIMIT $8) x
-        WHERE x.ok) r),
+            SELECT ` + row + `,
+                bool_and(` + ok + `) OVER w AS ok, row_number() OVER w AS pos
+            FROM (
+                SELECT * FROM ` + tbl + ` b
+                WHERE b.message_key = h.hk AND b.key_seq > h.hseq AND b.state = 'blocked'
+                ORDER BY b.key_seq
+                LIMIT (SELECT c FROM share)) b
+            WINDOW w AS (ORDER BY b.key_seq)) x
+        WHERE x.ok) r
+    UNION ALL
+    SELECT p.head, r.id, r.topic, r.message_key, r.payload, r.headers, r.attempts, r.attempts_base, r.created_at, r.key_seq, p.pos + 1
+    FROM run p CROSS JOIN LATERAL (
+        SELECT ` + row + `, ` + ok + ` AS ok
+        FROM ` + tbl + ` b
+        WHERE b.message_key = p.message_key AND b.key_seq > p.key_seq AND b.state = 'blocked'
+        ORDER BY b.key_seq
+        LIMIT 1) r
+    WHERE p.pos >= (SELECT c FROM share) AND r.ok),
 runs AS (
-    SELECT * FROM run ORDER BY pos, head LIMIT $8)
+    SELECT * FROM run LIMIT $8)
 SELECT 0, ` + claimedColumns + `, coalesce(h.hseq, 0), NULL FROM claimed LEFT JOIN heads h USING (id)
 UNION ALL
 SELECT 1, id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, 0, created_at, key_seq, head::text FROM runs
