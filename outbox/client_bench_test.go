@@ -45,6 +45,37 @@ func BenchmarkPublishClient(b *testing.B) {
 			}
 		})
 	}
+	// A batch of 100 as the bench's publish-100 scenario makes it (the
+	// messages built in the loop, as a caller builds them), and raw-100, its
+	// raw system's arguments.
+	b.Run("batch-100", func(b *testing.B) {
+		ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			msgs := make([]outbox.Message, 100)
+			for i := range msgs {
+				msgs[i] = msg
+			}
+			if _, err := ob.PublishBatch(ctx, nopTx{}, msgs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("raw-100", func(b *testing.B) {
+		b.ReportAllocs()
+		var tx outboxdriver.Tx = nopTx{}
+		for b.Loop() {
+			p := string(payload)
+			args := make([]any, 400)
+			for i := range 100 {
+				args[4*i], args[4*i+1], args[4*i+2], args[4*i+3] = outbox.NewID().String(), "bench", "0193a1f2", p
+			}
+			_ = tx.ExecTx(ctx, "q", args...)
+		}
+	})
 	b.Run("raw", func(b *testing.B) {
 		b.ReportAllocs()
 		var tx outboxdriver.Tx = nopTx{}

@@ -20,6 +20,20 @@ type claimBatch struct {
 	jobs    []job
 	claimed time.Time
 	left    atomic.Int64 // handlers not finished yet
+	// renewed is when the last renewal of its leases that succeeded
+	// began, as a time.Duration after claimed; 0 for none.
+	renewed atomic.Int64
+}
+
+// leaseEnd is when the leases of b's messages lapse, as far as the relay
+// knows: lease after the claim or after their last renewal (renewals are
+// sent before the leases they extend lapse). It is what an outcome's
+// expires is, for the cost of no clock read per message. A handler that
+// ended while a renewal of its lease was under way may have its outcome
+// expire before its lease does: if its writes keep failing until then, it
+// is dropped early, and delivered again once the lease lapses.
+func (b *claimBatch) leaseEnd(lease time.Duration) time.Time {
+	return b.claimed.Add(time.Duration(b.renewed.Load()) + lease)
 }
 
 // job is a claimed message and its handler's context. The messages of one

@@ -3,11 +3,15 @@ package outbox
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 type ctxKey struct{}
@@ -167,5 +171,75 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLeaseEnd: an outcome expires a lease after its claim, or after the
+// last renewal of its batch's leases once one has succeeded.
+func TestLeaseEnd(t *testing.T) {
+	t0 := time.Now()
+	b := &claimBatch{claimed: t0}
+	const lease = 30 * time.Second
+	if got := b.leaseEnd(lease); !got.Equal(t0.Add(lease)) {
+		t.Fatalf("leaseEnd before any renewal = %v, want claim + lease %v", got, t0.Add(lease))
+	}
+	b.renewed.Store(int64(12 * time.Second))
+	if got, want := b.leaseEnd(lease), t0.Add(12*time.Second+lease); !got.Equal(want) {
+		t.Fatalf("leaseEnd after a renewal = %v, want renewal + lease %v", got, want)
+	}
+}
+
+// renewDialect counts renewals and keeps every lease, or fails them all.
+type renewDialect struct {
+	blockingDialect
+	fail  bool
+	calls chan struct{}
+}
+
+func (d *renewDialect) Renew(_ context.Context, _ DB, _ Table, _ time.Duration, held []outboxdriver.Fence) ([]outboxdriver.Fence, error) {
+	select {
+	case d.calls <- struct{}{}:
+	default:
+	}
+	if d.fail {
+		return nil, errors.New("renewal failed")
+	}
+	return held, nil
+}
+
+// TestRenewalMovesLeaseEnd: a renewal that succeeded moves the lease end
+// of its batch's outcomes (leaseEnd) to a lease after the renewal; one
+// that failed leaves it a lease after the claim.
+func TestRenewalMovesLeaseEnd(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		d := &renewDialect{fail: fail, calls: make(chan struct{}, 1)}
+		ob, err := New(d, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := ob.Relay(noDB{}, RelayConfig{Listen: ListenOff, Lease: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed := time.Now().Add(-500 * time.Millisecond) // past a third of the lease: renewed at the next tick
+		b := &claimBatch{jobs: make([]job, 1), claimed: claimed}
+		b.jobs[0].c, b.jobs[0].b = &outboxdriver.Claimed{ID: NewID(), Topic: "t", Attempts: 1}, b
+		r.inflightMu.Lock()
+		r.inflight[b] = struct{}{}
+		r.inflightMu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); r.renewLoop(ctx) }()
+		<-d.calls
+		<-d.calls // the first renewal has returned
+		cancel()
+		<-done
+		end := b.leaseEnd(time.Second)
+		if fail && !end.Equal(claimed.Add(time.Second)) {
+			t.Errorf("after failed renewals: lease end %v, want a lease after the claim, %v", end, claimed.Add(time.Second))
+		}
+		if !fail && !end.After(claimed.Add(time.Second+100*time.Millisecond)) {
+			t.Errorf("after a renewal: lease end %v, want a lease after the renewal (claimed %v)", end, claimed)
+		}
 	}
 }

@@ -100,6 +100,14 @@ var (
 )
 
 func checkText(idx int, field, s string, max int, required bool) error {
+	if len(s) <= max && plainText(s) {
+		return nil
+	}
+	return checkTextFull(idx, field, s, max, required)
+}
+
+// checkTextFull is checkText without its fast path for plain ASCII.
+func checkTextFull(idx int, field, s string, max int, required bool) error {
 	switch {
 	case s == "" && !required:
 		return nil
@@ -117,23 +125,40 @@ func checkText(idx int, field, s string, max int, required bool) error {
 	return nil
 }
 
-// toRow validates m and returns the row to store.
-func toRow(idx int, m *Message, maxPayload, maxDepth int) (outboxdriver.Row, error) {
+// plainText reports whether s passes checkText at once, in one pass: not
+// empty, all ASCII (so valid UTF-8), no NUL, and not all white space. It
+// may refuse texts checkText accepts (any with a byte of 0x80 or above),
+// which then take checkText's full checks.
+func plainText(s string) bool {
+	visible := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == 0 || c >= utf8.RuneSelf {
+			return false
+		}
+		// TrimSpace's ASCII white space: \t \n \v \f \r and space.
+		visible = visible || c > ' ' || c < '\t' || c > '\r' && c < ' '
+	}
+	return visible
+}
+
+// toRow validates m and writes the row to store into r, all but its ID.
+func toRow(r *outboxdriver.Row, idx int, m *Message, maxPayload, maxDepth int) error {
 	if err := checkText(idx, "Topic", m.Topic, MaxTopicBytes, true); err != nil {
-		return outboxdriver.Row{}, err
+		return err
 	}
 	if err := checkText(idx, "Key", m.Key, MaxKeyBytes, false); err != nil {
-		return outboxdriver.Row{}, err
+		return err
 	}
 	if err := checkText(idx, "DedupKey", m.DedupKey, MaxDedupKeyBytes, false); err != nil {
-		return outboxdriver.Row{}, err
+		return err
 	}
 	if len(m.Payload) > maxPayload {
-		return outboxdriver.Row{}, &MessageError{idx, "Payload", "larger than the limit of " + strconv.Itoa(maxPayload) + " bytes"}
+		return &MessageError{idx, "Payload", "larger than the limit of " + strconv.Itoa(maxPayload) + " bytes"}
 	}
 	if len(m.Payload) > 0 {
 		if reason := checkJSON(m.Payload, maxDepth); reason != "" {
-			return outboxdriver.Row{}, &MessageError{idx, "Payload", reason}
+			return &MessageError{idx, "Payload", reason}
 		}
 	}
 	var headers []byte
@@ -141,39 +166,40 @@ func toRow(idx int, m *Message, maxPayload, maxDepth int) (outboxdriver.Row, err
 		for k, v := range m.Headers {
 			if err := checkText(idx, "Headers", k, MaxHeadersBytes, true); err != nil {
 				err.(*MessageError).Reason = "key: " + err.(*MessageError).Reason
-				return outboxdriver.Row{}, err
+				return err
 			}
 			if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-				return outboxdriver.Row{}, &MessageError{idx, "Headers", "value of " + k + ": not valid UTF-8 or contains a NUL byte"}
+				return &MessageError{idx, "Headers", "value of " + k + ": not valid UTF-8 or contains a NUL byte"}
 			}
 		}
 		var err error
 		if headers, err = json.Marshal(m.Headers); err != nil {
-			return outboxdriver.Row{}, &MessageError{idx, "Headers", err.Error()}
+			return &MessageError{idx, "Headers", err.Error()}
 		}
 		if len(headers) > MaxHeadersBytes {
-			return outboxdriver.Row{}, &MessageError{idx, "Headers", "larger than the limit of " + strconv.Itoa(MaxHeadersBytes) + " bytes"}
+			return &MessageError{idx, "Headers", "larger than the limit of " + strconv.Itoa(MaxHeadersBytes) + " bytes"}
 		}
 	}
 	if m.Delay < 0 {
-		return outboxdriver.Row{}, &MessageError{idx, "Delay", "must not be negative"}
+		return &MessageError{idx, "Delay", "must not be negative"}
 	}
 	nb := m.NotBefore
 	if !nb.IsZero() {
 		if m.Delay != 0 {
-			return outboxdriver.Row{}, &MessageError{idx, "NotBefore", "set at most one of Delay and NotBefore"}
+			return &MessageError{idx, "NotBefore", "set at most one of Delay and NotBefore"}
 		}
 		nb = nb.UTC()
 		if nb.Before(earliest) || nb.After(latest) {
-			return outboxdriver.Row{}, &MessageError{idx, "NotBefore", "outside the years 1970 to 9999"}
+			return &MessageError{idx, "NotBefore", "outside the years 1970 to 9999"}
 		}
 	}
 	var payload []byte
 	if len(m.Payload) > 0 {
 		payload = m.Payload
 	}
-	return outboxdriver.Row{
-		ID: NewID(), Topic: m.Topic, Key: m.Key, Payload: payload, Headers: headers,
+	*r = outboxdriver.Row{
+		Topic: m.Topic, Key: m.Key, Payload: payload, Headers: headers,
 		DedupKey: m.DedupKey, Delay: m.Delay, NotBefore: nb,
-	}, nil
+	}
+	return nil
 }

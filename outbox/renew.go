@@ -15,12 +15,15 @@ import (
 func (r *Relay) renewLoop(ctx context.Context) {
 	tick(ctx, r.cfg.Lease/6, func() {
 		var held []outboxdriver.Fence
-		cutoff := time.Now().Add(-r.cfg.Lease / 3)
+		var batches []*claimBatch
+		now := time.Now()
+		cutoff := now.Add(-r.cfg.Lease / 3)
 		r.inflightMu.Lock()
 		for b := range r.inflight {
 			if !b.claimed.Before(cutoff) {
 				continue
 			}
+			batches = append(batches, b)
 			for i := range b.jobs {
 				if j := &b.jobs[i]; !j.ended.Load() {
 					held = append(held, outboxdriver.Fence{ID: j.c.ID, Attempts: j.c.Attempts})
@@ -40,6 +43,9 @@ func (r *Relay) renewLoop(ctx context.Context) {
 		if err != nil {
 			r.log.Error("outbox: lease renewal failed", "err", err, "count", len(held))
 			return
+		}
+		for _, b := range batches {
+			b.renewed.Store(int64(now.Sub(b.claimed)))
 		}
 		if len(kept) < len(held) {
 			still := make(map[outboxdriver.Fence]bool, len(kept))

@@ -127,7 +127,7 @@ func (r *Relay) deliver(j *job) {
 	if err == nil {
 		err = r.call(&j.ctx, h, d)
 	}
-	r.send(queued{r.outcome(c, err), time.Now().Add(r.cfg.Lease)})
+	r.send(queued{r.outcome(c, err), j.b.leaseEnd(r.cfg.Lease)})
 }
 
 // call runs h, turning a panic into an error.

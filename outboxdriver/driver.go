@@ -23,7 +23,9 @@ type Dialect interface {
 	// statement returns are ignored. When wake.Send is true the statement
 	// also sends the wake-up notification, with wake.Payload, inside the
 	// same transaction. rows holds at least one row and at most
-	// Capabilities().MaxParams / Capabilities().ParamsPerRow.
+	// Capabilities().MaxParams / Capabilities().ParamsPerRow. Insert must
+	// not keep rows, or any part of it but its strings and byte slices
+	// (which args may hold), after it returns: the caller reuses it.
 	Insert(table Table, rows []Row, wake Wake) (query string, args []any)
 
 	// Classify maps an error returned by the driver for a statement of this

@@ -63,14 +63,23 @@ func textArray(ss []string) string {
 // most $2 rows, as if every topic were registered.
 func ClaimSQL(t outboxdriver.Table, topics int) string {
 	return claimCTE(t, "", topics, "") + `
-SELECT ` + claimedColumns + ` FROM claimed`
+SELECT ` + claimColumns + ` FROM claimed`
 }
+
+// claimColumns are claimedColumns with the id as its 16 bytes
+// (uuid_send): every driver passes a bytea through as it came, so the
+// relay copies each id instead of parsing its text (see idDest). The
+// ordered claim keeps claimedColumns.
+const claimColumns = `uuid_send(id), ` + claimedTail
+
+// claimedTail is claimedColumns after the id.
+const claimedTail = `topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, ` + kindClaimed + `, created_at`
 
 // claimedColumns are the columns a claim returns, none of them NULL but the
 // payload and headers (so rows scan into plain strings, integers and times,
 // with no per-row allocation for a NULL-able wrapper): id, topic, key (empty
 // for none), payload, headers, attempts, attempts_base, kind, created_at.
-const claimedColumns = `id::text, topic, coalesce(message_key, ''), payload::text, headers::text, attempts, attempts_base, ` + kindClaimed + `, created_at`
+const claimedColumns = `id::text, ` + claimedTail
 
 // The kind of a row a claim returns, as an integer (no string to allocate
 // per row): claimed, dead-lettered at claim, or a carried success that was
@@ -95,9 +104,9 @@ func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
 	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, "") + `
-SELECT ` + claimedColumns + ` FROM claimed
+SELECT ` + claimColumns + ` FROM claimed
 UNION ALL
-SELECT f.id::text, '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowFencedOff) + `, now() FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
+SELECT uuid_send(f.id), '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowFencedOff) + `, now() FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
     WHERE f.id NOT IN (SELECT id FROM done)`
 }
 
@@ -293,17 +302,24 @@ func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	return claimed, done, nil
 }
 
-// idDest scans an id's text form (id::text) into an ID without making a
-// string of it first: pgx hands ScanBytes its own buffer (its BytesScanner),
-// database/sql drivers call Scan.
+// idDest scans an id, its 16 bytes (uuid_send(id), a bytea) or its text
+// form (id::text), into an ID without making a string of it first: pgx
+// hands ScanBytes its own buffer (its BytesScanner), database/sql drivers
+// call Scan.
 type idDest struct{ id *outboxdriver.ID }
 
-func (d idDest) ScanBytes(b []byte) error { return d.id.UnmarshalText(b) }
+func (d idDest) ScanBytes(b []byte) error {
+	if len(b) == len(d.id) {
+		*d.id = outboxdriver.ID(b)
+		return nil
+	}
+	return d.id.UnmarshalText(b)
+}
 
 func (d idDest) Scan(src any) error {
 	switch v := src.(type) {
 	case []byte:
-		return d.id.UnmarshalText(v)
+		return d.ScanBytes(v)
 	case string:
 		id, err := outboxdriver.ParseID(v)
 		*d.id = id

@@ -3,6 +3,8 @@ package postgres
 import (
 	"strings"
 	"testing"
+
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // TestBytesDest: payloads scanned into a claim's buffer keep their bytes
@@ -74,5 +76,31 @@ func TestBytesDestAllocs(t *testing.T) {
 	})
 	if allocs > 4 { // 1, 2 and 4 KiB buffers for 4.3 KiB
 		t.Errorf("%.0f allocations for 100 payloads, want at most 4", allocs)
+	}
+}
+
+// TestIDDest: an id scans from its 16 bytes (uuid_send, the claim's
+// column) and from its text form (id::text, the ordered claim's), through
+// pgx's ScanBytes and database/sql's Scan alike; other lengths are refused.
+func TestIDDest(t *testing.T) {
+	want := outboxdriver.NewID()
+	text := want.String()
+	for _, src := range []any{want[:], []byte(text), text, []byte(strings.ToUpper(text))} {
+		var got outboxdriver.ID
+		if err := (idDest{&got}).Scan(src); err != nil || got != want {
+			t.Errorf("Scan(%T %v) = %v, %v; want %v", src, src, got, err, want)
+		}
+		if b, ok := src.([]byte); ok {
+			got = outboxdriver.ID{}
+			if err := (idDest{&got}).ScanBytes(b); err != nil || got != want {
+				t.Errorf("ScanBytes(%v) = %v, %v; want %v", b, got, err, want)
+			}
+		}
+	}
+	var got outboxdriver.ID
+	for _, b := range [][]byte{want[:15], append(want[:16:16], 0), nil} {
+		if err := (idDest{&got}).ScanBytes(b); err == nil {
+			t.Errorf("ScanBytes of %d bytes: no error", len(b))
+		}
 	}
 }

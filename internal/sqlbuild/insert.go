@@ -51,6 +51,9 @@ type Insert struct {
 	last [shapes]atomic.Pointer[cachedStmt]
 }
 
+// idLen is the length of an id's text form (ID.String).
+const idLen = 36
+
 // cachedStmt is one entry of Insert.last.
 type cachedStmt struct {
 	key stmtKey
@@ -154,9 +157,18 @@ func (in *Insert) Build(quotedTable string, t outboxdriver.Table, rows []outboxd
 	// equal to the previous row's (a payload: the same bytes in memory)
 	// reuses that row's argument instead of boxing or copying it again.
 	var topicArg, keyArg, payloadArg, headersArg prevArg
+	// The ids' text, all in one string: each argument is a slice of it,
+	// one allocation for the batch instead of one per row.
+	var idText strings.Builder
+	idText.Grow(idLen * len(rows))
+	var idBuf [idLen]byte
+	for i := range rows {
+		idText.Write(rows[i].ID.AppendText(idBuf[:0]))
+	}
+	ids := idText.String()
 	for i := range rows {
 		r := &rows[i]
-		args = append(args, r.ID.String(), topicArg.str(r.Topic, boxString))
+		args = append(args, ids[i*idLen:(i+1)*idLen], topicArg.str(r.Topic, boxString))
 		if cols&colKey != 0 {
 			args = append(args, keyArg.str(r.Key, nullString))
 		}
