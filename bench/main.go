@@ -67,8 +67,8 @@ var (
 	only           = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
 	rounds         = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n              = flag.Int("n", 50000, "messages per drain")
-	cpuprofile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain: of each timed drain, to this file plus .<case>.r<round>)")
-	memprofile     = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
+	cpuprofile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain or obs: of each timed drain, to this file plus .<case>.r<round>)")
+	memprofile     = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (with -only drain or obs: of each timed drain, as in -cpuprofile, beside a .base profile taken just before it for -diff_base)")
 	drainCases     = flag.String("cases", "", "drain scenario: run only these cases (comma-separated, e.g. raw-loop-4,relay-4); ordered scenario: keys-1, keys-4, hot, publish-keys, publish-one, and claim-1m, publish-wal, publish-cpu (only when named)")
 	rawIDs         = flag.Bool("raw-ids", false, "the raw loops claim ids only instead of id, topic, payload")
 	claimRandomIDs = flag.Bool("claim-random-ids", false, "ordered claim-1m: seed random ids (gen_random_uuid) instead of ids that grow in insertion order like the relay's ULIDs")
@@ -90,13 +90,13 @@ func envOr(k, d string) string {
 
 func main() {
 	flag.Parse()
-	if *cpuprofile != "" && *only != "drain" {
+	if *cpuprofile != "" && !perDrainProfiles() {
 		f, err := os.Create(*cpuprofile)
 		check(err)
 		check(pprof.StartCPUProfile(f))
 		defer pprof.StopCPUProfile()
 	}
-	if *memprofile != "" && *only != "drain" {
+	if *memprofile != "" && !perDrainProfiles() {
 		defer func() {
 			f, err := os.Create(*memprofile)
 			check(err)
@@ -368,14 +368,18 @@ func drain(ctx context.Context, pool *pgxpool.Pool) {
 	}
 }
 
+// perDrainProfiles reports whether -cpuprofile and -memprofile profile
+// each timed drain (-only drain and -only obs) rather than the whole run.
+func perDrainProfiles() bool { return *only == "drain" || *only == "obs" }
+
 // drainProfiles starts the CPU profile of one timed drain (-cpuprofile
 // plus suffix) and writes an allocation profile just before it (-memprofile
 // plus suffix plus .base), and returns what stops them, writing the
 // allocation profile after it: compare the two with go tool pprof
-// -diff_base. Without -only drain, the profiles cover the whole run
-// instead (see main).
+// -diff_base. Without -only drain or obs, the profiles cover the whole
+// run instead (see main).
 func drainProfiles(suffix string) (stop func()) {
-	if *only != "drain" {
+	if !perDrainProfiles() {
 		return func() {}
 	}
 	writeAllocs := func(name string) {

@@ -33,7 +33,8 @@ func (discardSpans) Shutdown(context.Context) error                             
 // trace in ten sampled ("on-10%": ParentBased(TraceIDRatioBased(0.1))), or
 // no tracer ("metrics": metrics only). Each of -rounds rounds runs every
 // case, starting with a different one each round; it prints the medians
-// and each case's ratio to off.
+// and each case's ratio to off. -cpuprofile and -memprofile profile each
+// timed drain, as with -only drain.
 //
 //	go run ./bench -only obs -rounds 5 -counters=false
 func obsBench(ctx context.Context, pool *pgxpool.Pool) {
@@ -72,6 +73,7 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			}
 			fill(ctx, pool, pub, *n, "bench")
 			run := relays(ctx, ob, 1, *n, observer...)
+			stopProfiles := drainProfiles(fmt.Sprintf(".%s.r%d", name, round))
 			runtime.GC()
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
@@ -81,6 +83,7 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			s := time.Since(t0).Seconds()
 			cpu := processCPU() - cpu0
 			runtime.ReadMemStats(&m1)
+			stopProfiles()
 			if left := remaining(ctx, pool, ob); left != 0 {
 				check(fmt.Errorf("obs %s left %d rows", name, left))
 			}
