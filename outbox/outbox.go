@@ -2,10 +2,7 @@ package outbox
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math/bits"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -380,36 +377,11 @@ func (o *Outbox) rows(msgs []Message, buf []outboxdriver.Row) ([]outboxdriver.Ro
 	return rows, nil
 }
 
-// newIDs gives each row a new ID. The first is NewID's; each next one is
-// the one before plus a random increment of 1 to 2^32 in its 80 bits of
-// entropy, as NewID's monotonic entropy does within a millisecond: so a
-// batch's ids are ordered as its rows, even when other goroutines make ids
-// meanwhile, and cost neither a clock read nor a lock each.
+// newIDs gives each row a new ID, in the rows' order, under one lock and
+// one clock read of the process's id generator (the ids are monotonic
+// across the process, as NewID's).
 func newIDs(rows []outboxdriver.Row) {
-	for i := range rows {
-		if i == 0 {
-			rows[i].ID = NewID()
-			continue
-		}
-		id, ok := nextID(rows[i-1].ID, uint64(rand.Uint32())+1)
-		if !ok {
-			id = NewID() // the entropy would overflow (about once in 2^48 ids)
-		}
-		rows[i].ID = id
-	}
-}
-
-// nextID returns id with inc added to its entropy (its last 80 bits), and
-// false when that overflows.
-func nextID(id ID, inc uint64) (ID, bool) {
-	lo, carry := bits.Add64(binary.BigEndian.Uint64(id[8:]), inc, 0)
-	hi := binary.BigEndian.Uint16(id[6:8])
-	if carry == 1 && hi == 0xffff {
-		return ID{}, false
-	}
-	binary.BigEndian.PutUint16(id[6:8], hi+uint16(carry))
-	binary.BigEndian.PutUint64(id[8:], lo)
-	return id, true
+	outboxdriver.NewIDs(len(rows), func(i int, id ID) { rows[i].ID = id })
 }
 
 // checkPublish refuses a publish whose context is done or whose

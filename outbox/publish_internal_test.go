@@ -39,28 +39,6 @@ func TestNewIDsOrdered(t *testing.T) {
 	}
 }
 
-func TestNextID(t *testing.T) {
-	id := ID{0: 1, 7: 0x01, 15: 0xff}
-	got, ok := nextID(id, 1)
-	if want := (ID{0: 1, 7: 0x01, 14: 0x01}); !ok || got != want {
-		t.Fatalf("carry into byte 14: %v %v, want %v", got, ok, want)
-	}
-	id = ID{0: 1, 6: 0x00, 7: 0x05}
-	for i := 8; i < 16; i++ {
-		id[i] = 0xff
-	}
-	got, ok = nextID(id, 1)
-	if want := (ID{0: 1, 7: 0x06}); !ok || got != want {
-		t.Fatalf("carry into the high 16 bits: %v %v, want %v", got, ok, want)
-	}
-	for i := 6; i < 16; i++ {
-		id[i] = 0xff
-	}
-	if got, ok = nextID(id, 1); ok {
-		t.Fatalf("overflow of the entropy gave %v", got)
-	}
-}
-
 // TestPlainText: the one-pass check accepts only what checkText's full
 // checks accept, and refuses no ASCII text they accept.
 func TestPlainText(t *testing.T) {

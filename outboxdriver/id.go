@@ -20,7 +20,11 @@ import (
 type ID [16]byte
 
 // NewID returns a new, time-ordered ID. It is safe for concurrent use.
-func NewID() ID { return ID(ulid.Make()) }
+func NewID() ID {
+	var id ID
+	NewIDs(1, func(_ int, v ID) { id = v })
+	return id
+}
 
 // String returns the canonical lower-case UUID form of id.
 func (id ID) String() string {
