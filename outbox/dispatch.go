@@ -27,11 +27,12 @@ type claimBatch struct {
 
 // leaseEnd is when the leases of b's messages lapse, as far as the relay
 // knows: lease after the claim or after their last renewal (renewals are
-// sent before the leases they extend lapse). It is what an outcome's
-// expires is, for the cost of no clock read per message. A handler that
-// ended while a renewal of its lease was under way may have its outcome
-// expire before its lease does: if its writes keep failing until then, it
-// is dropped early, and delivered again once the lease lapses.
+// sent before the leases they extend lapse). It is the expiry of the
+// outcomes of a claimed job (handled, observed, ordered runs, spent
+// heads), for no clock read per message. A handler that ended while a
+// renewal of its lease was under way may have its outcome expire before
+// its lease does: if its writes keep failing until then, it is dropped
+// early, and delivered again once the lease lapses.
 func (b *claimBatch) leaseEnd(lease time.Duration) time.Time {
 	return b.claimed.Add(time.Duration(b.renewed.Load()) + lease)
 }

@@ -308,7 +308,7 @@ func (r *Relay) deliverObserved(j *job, h Handler, d *Delivery, err error) {
 	}
 	s := r.outcome(j.c, err)
 	r.observeHandled(ctx, d, &s, start, ran, err)
-	r.send(queued{s, time.Now().Add(r.cfg.Lease)})
+	r.send(queued{s, j.b.leaseEnd(r.cfg.Lease)})
 }
 
 // isDeadLetter reports whether err asks for a dead letter.

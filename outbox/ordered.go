@@ -177,7 +177,7 @@ func (r *Relay) deliverOrdered(j *job) bool {
 		return true
 	}
 	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
-	expires := time.Now().Add(r.cfg.Lease)
+	expires := j.b.leaseEnd(r.cfg.Lease)
 	out := outboxdriver.RunOutcome{Head: head, Key: c.Key, Done: make([]outboxdriver.ID, 0, 1+len(c.Run))}
 	for i := -1; i < len(c.Run); i++ {
 		m, attempts := c, c.Attempts
@@ -212,7 +212,7 @@ func (r *Relay) spent(j *job) bool { return j.c.Attempts-j.c.AttemptsBase > r.cf
 func (r *Relay) deadSpent(j *job) {
 	c := j.c
 	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
-	expires := time.Now().Add(r.cfg.Lease)
+	expires := j.b.leaseEnd(r.cfg.Lease)
 	r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase-1)
 	if r.cfg.Observer != nil {
 		r.cfg.Observer.DeadLettered(&j.ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Attempt: c.Attempts - c.AttemptsBase - 1, Reason: DeadMaxAttempts})
