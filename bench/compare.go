@@ -34,7 +34,7 @@ var (
 	latency8N   = flag.Int("latency8-n", 1500, "compare: messages per latency8 measurement (at 500 msg/s from 8 producers)")
 )
 
-var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "skew-3", "notify"}
+var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "publish-100-8", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "skew-3", "notify"}
 
 // series is one scenario's figures for one system, one per round.
 type series struct {
@@ -131,7 +131,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		for _, p := range []struct {
 			name                  string
 			producers, txs, perTx int
-		}{{"publish-1", 1, 8000, 1}, {"publish-8", 8, 8000, 1}, {"publish-100", 1, 400, 100}} {
+		}{{"publish-1", 1, 8000, 1}, {"publish-8", 8, 8000, 1}, {"publish-100", 1, 400, 100}, {"publish-100-8", 8, 800, 100}} {
 			if !want(p.name) {
 				continue
 			}
@@ -240,7 +240,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 // mark, if not nil, is called just before the first transaction.
 // publishChunks is how many alternating parts a compare round splits each
 // system's publish transactions into.
-const publishChunks = 4
+const publishChunks = 8
 
 func publishRun(ctx context.Context, s *system, producers, txs, perTx int, mark func()) float64 {
 	s.reset(ctx)
