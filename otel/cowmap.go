@@ -38,3 +38,11 @@ func (c *cowMap[K, V]) get(k K, newV func() V) V {
 	c.m.Store(&next)
 	return v
 }
+
+// all returns the map as it is now, not to be written to.
+func (c *cowMap[K, V]) all() map[K]V {
+	if m := c.m.Load(); m != nil {
+		return *m
+	}
+	return nil
+}

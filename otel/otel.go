@@ -102,8 +102,11 @@ type Telemetry struct {
 	// defaultProp: prop is the default (W3C trace context and baggage).
 	defaultProp bool
 
-	sent, consumed, dead, retried, leases, fenced, listenerDown metric.Int64Counter
-	processDur, opDur                                           metric.Float64Histogram
+	dead, retried, leases, fenced, listenerDown metric.Int64Counter
+	// sent and consumed, one per published and delivered message, are
+	// counted here and read by the SDK at collection.
+	sent, consumed    countedSum
+	processDur, opDur metric.Float64Histogram
 
 	// attrs holds each attribute set's measurement options; starts, per
 	// topic, the name and first options of its process spans. Both are
@@ -162,8 +165,9 @@ func New(cfg Config) (*Telemetry, error) {
 		errs = append(errs, err)
 		return c
 	}
-	t.sent = counter(MetricSent, "{message}", "Messages published (stored in the outbox table by the caller's transaction).")
-	t.consumed = counter(MetricConsumed, "{message}", "Messages delivered to a handler.")
+	errs = append(errs, countedSums(m,
+		countedSumSpec{&t.sent, MetricSent, "{message}", "Messages published (stored in the outbox table by the caller's transaction)."},
+		countedSumSpec{&t.consumed, MetricConsumed, "{message}", "Messages delivered to a handler."}))
 	t.dead = counter(MetricDeadLettered, "{message}", "Messages dead-lettered.")
 	t.retried = counter(MetricRetried, "{message}", "Handler failures rescheduled for another attempt.")
 	t.leases = counter(MetricLeasesLost, "{lease}", "Leases lost while a handler ran: another claim took the message.")
@@ -196,6 +200,12 @@ func (t *Telemetry) opts(k attrKey) *measureOpts {
 
 // makeOpts makes the measurement options of k.
 func makeOpts(k attrKey) *measureOpts {
+	set := metric.WithAttributeSet(attrSet(k))
+	return &measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
+}
+
+// attrSet is the attribute set k names.
+func attrSet(k attrKey) attribute.Set {
 	kv := []attribute.KeyValue{KeySystem.String(System)}
 	if k.topic != "" {
 		kv = append(kv, KeyDestination.String(k.topic))
@@ -209,8 +219,7 @@ func makeOpts(k attrKey) *measureOpts {
 	if k.extra != "" {
 		kv = append(kv, k.extraKey.String(k.extra))
 	}
-	set := metric.WithAttributeSet(attribute.NewSet(kv...))
-	return &measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
+	return attribute.NewSet(kv...)
 }
 
 // errorType is the error.type of err: its Go type, the convention for
@@ -283,7 +292,7 @@ func (t *Telemetry) PublishEnd(ctx context.Context, e outbox.PublishEvent) {
 		if e.Err == nil && e.Results[i].Duplicate {
 			continue // not stored: not sent
 		}
-		t.sent.Add(ctx, 1, t.opts(attrKey{topic: m.Topic, op: operationCreate, errType: errType}).add...)
+		t.sent.count(attrKey{topic: m.Topic, op: operationCreate, errType: errType}).n.Add(1)
 		if links != nil {
 			links = append(links, trace.Link{SpanContext: span.SpanContext()})
 		}
@@ -362,7 +371,7 @@ func (t *Telemetry) HandlerStart(ctx context.Context, d outbox.Delivery) context
 			ctx = baggage.ContextWithBaggage(ctx, b)
 		}
 	}
-	t.consumed.Add(ctx, 1, ps.consumed.add...)
+	ps.consumed.n.Add(1)
 	return ctx
 }
 
@@ -389,7 +398,7 @@ func (t *Telemetry) fullStart(ctx context.Context, d outbox.Delivery, ps *proces
 		}
 	}
 	ctx, _ = t.tracer.Start(ctx, ps.name, opts...)
-	t.consumed.Add(ctx, 1, ps.consumed.add...)
+	ps.consumed.n.Add(1)
 	return ctx
 }
 
@@ -457,7 +466,7 @@ type processStart struct {
 	name     string
 	opts     []trace.SpanStartOption // kind and the topic's attributes
 	root     []trace.SpanStartOption // opts and a new root
-	consumed *measureOpts
+	consumed *count
 	// done is the attribute set of the process duration of a success.
 	done *measureOpts
 }
@@ -473,7 +482,7 @@ func (t *Telemetry) makeProcessStart(topic string) *processStart {
 		opts: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 			KeySystem.String(System), KeyDestination.String(topic), KeyOperationName.String(operationProcess),
 			KeyOperationType.String(operationProcess))},
-		consumed: t.opts(attrKey{topic: topic, op: operationProcess}),
+		consumed: t.consumed.count(attrKey{topic: topic, op: operationProcess}),
 		done:     t.opts(processKey(topic, outbox.OutcomeDone.String(), "")),
 	}
 	ps.root = append(ps.opts[:len(ps.opts):len(ps.opts)], trace.WithNewRoot())
