@@ -46,14 +46,14 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 		}
 	}
 	// A publish scenario runs both sides in one call: publishParts parts of
-	// 8 producers x 250 transactions each, alternating between an
+	// 8 producers x 125 transactions each, alternating between an
 	// unordered and an ordered table, so that a slow spell of the host's
 	// fsync falls on both alike; a side's rate is its messages over the sum
 	// of its parts' times.
 	publishOn := func(shared bool) func(bool) (float64, float64) {
 		return func(orderedFirst bool) (float64, float64) {
 			obs := map[bool]*outbox.Outbox{false: orderedTable(ctx, pool, "ordered_u", false), true: orderedTable(ctx, pool, "ordered_o", true)}
-			const producers, perPart = 8, 250
+			const producers, perPart = 8, 125
 			var secs [2]float64
 			for part := range publishParts {
 				for _, ordered := range []bool{orderedFirst != (part%2 == 1), orderedFirst == (part%2 == 1)} {
@@ -155,7 +155,7 @@ func publishKeys(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, pro
 
 // publishParts is how many parts each side of an ordered publish round
 // is cut into (8,000 transactions a side).
-const publishParts = 4
+const publishParts = 8
 
 func b2i(b bool) int {
 	if b {
