@@ -65,7 +65,7 @@ func TestCountsAsSums(t *testing.T) {
 		for _, dp := range s.DataPoints {
 			var key string
 			for _, kv := range dp.Attributes.ToSlice() {
-				key += string(kv.Key) + "=" + kv.Value.Emit() + ","
+				key += string(kv.Key) + "=" + kv.Value.String() + ","
 			}
 			if _, dup := got[key]; dup {
 				t.Errorf("%s: two data points of %s", name, key)
@@ -110,7 +110,7 @@ func attrs(kvs ...attribute.KeyValue) string {
 	var key string
 	set := attribute.NewSet(append(kvs, oncommitotel.KeySystem.String(oncommitotel.System))...)
 	for _, kv := range set.ToSlice() {
-		key += string(kv.Key) + "=" + kv.Value.Emit() + ","
+		key += string(kv.Key) + "=" + kv.Value.String() + ","
 	}
 	return key
 }
