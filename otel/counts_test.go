@@ -63,10 +63,7 @@ func TestCountsAsSums(t *testing.T) {
 		}
 		got := map[string]int64{}
 		for _, dp := range s.DataPoints {
-			var key string
-			for _, kv := range dp.Attributes.ToSlice() {
-				key += string(kv.Key) + "=" + kv.Value.String() + ","
-			}
+			key := setKey(dp.Attributes)
 			if _, dup := got[key]; dup {
 				t.Errorf("%s: two data points of %s", name, key)
 			}
@@ -104,11 +101,15 @@ func TestCountsAsSums(t *testing.T) {
 	check(ms, oncommitotel.MetricSent, map[string]int64{create("a"): 2, create("b"): 1})
 }
 
-// attrs renders kvs with messaging.system as an attribute set's ToSlice
-// would (sorted by key), as TestCountsAsSums keys its data points.
+// attrs is the key TestCountsAsSums gives the data point of kvs and
+// messaging.system.
 func attrs(kvs ...attribute.KeyValue) string {
+	return setKey(attribute.NewSet(append(kvs, oncommitotel.KeySystem.String(oncommitotel.System))...))
+}
+
+// setKey renders an attribute set as key=value pairs, sorted by key.
+func setKey(set attribute.Set) string {
 	var key string
-	set := attribute.NewSet(append(kvs, oncommitotel.KeySystem.String(oncommitotel.System))...)
 	for _, kv := range set.ToSlice() {
 		key += string(kv.Key) + "=" + kv.Value.String() + ","
 	}
