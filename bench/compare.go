@@ -106,13 +106,16 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 
 	fmt.Println("\nsystems:")
 	for _, s := range []*system{raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest} {
+		if s == nil {
+			continue
+		}
 		fmt.Printf("  %-20s %s\n", s.name, s.settings)
 	}
 
 	pick := func(ss ...*system) []*system {
 		var out []*system
 		for _, s := range ss {
-			if s == raw || *systemsOnly == "" || slices.Contains(strings.Split(*systemsOnly, ","), s.name) {
+			if s != nil && systemWanted(s.name) {
 				out = append(out, s)
 			}
 		}

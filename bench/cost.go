@@ -39,6 +39,9 @@ func cost(ctx context.Context, admin *pgxpool.Pool) {
 	}
 	for round := 1; round <= *rounds; round++ {
 		for _, s := range []*system{set.raw, set.onc, set.oncOff, set.rivBest, set.guBest} {
+			if s == nil {
+				continue
+			}
 			measure("publish 1/tx", s, single, func(mark func()) { publishRun(ctx, s, 1, single, 1, mark) })
 			measure("publish 100/tx", s, batches*100, func(mark func()) { publishRun(ctx, s, 1, batches, 100, mark) })
 			if s != set.oncOff {

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,32 +155,67 @@ func closePools() {
 }
 
 // systemSet is every system and configuration the compare and cost
-// scenarios run, with the settings they print.
+// scenarios run, with the settings they print. A system the -systems flag
+// leaves out is nil: it is never built, so its pools, tables and clients
+// do not sit in the process while the others are measured.
 type systemSet struct {
 	raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest *system
 }
 
+// systemWanted reports whether the -systems flag asks for the system name
+// (every system when the flag is empty; raw always).
+func systemWanted(name string) bool {
+	return name == "raw" || *systemsOnly == "" || slices.Contains(strings.Split(*systemsOnly, ","), name)
+}
+
 func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
-	riverSetUp(ctx, admin)
-	gueSetUp(ctx, admin)
+	onc := func(name, settings string, cfg outbox.Config) *system {
+		if !systemWanted(name) {
+			return nil
+		}
+		return oncommitSystem(ctx, name, settings, cfg, outbox.RelayConfig{})
+	}
+	riv := func(name, settings string, rc riverConfig) *system {
+		if !systemWanted(name) {
+			return nil
+		}
+		return riverSystem(ctx, name, settings, rc)
+	}
+	gu := func(name, settings string, gc gueConfig) *system {
+		if !systemWanted(name) {
+			return nil
+		}
+		return gueSystem(ctx, name, settings, gc)
+	}
+	if systemWanted("river") || systemWanted("river-best") {
+		riverSetUp(ctx, admin)
+	}
+	if systemWanted("gue") || systemWanted("gue-best") {
+		gueSetUp(ctx, admin)
+	}
 	ss := &systemSet{
 		raw: rawSystem(ctx),
-		onc: oncommitSystem(ctx, "oncommit", "defaults: Config{} (NOTIFY coalesced: at most one per DefaultNotifyInterval, 5ms, per Outbox; woken relays follow up), RelayConfig{} (batch 100, 200 handler slots, LISTEN on), pgxpool default per relay",
-			outbox.Config{}, outbox.RelayConfig{}),
-		oncOff:   oncommitSystem(ctx, "oncommit-notify-off", "Config{Notify: NotifyOff} (publish only)", outbox.Config{Notify: outbox.NotifyOff}, outbox.RelayConfig{}),
-		oncEvery: oncommitSystem(ctx, "oncommit-notify-every", "Config{NotifyInterval: NotifyEvery} (NOTIFY on every publish, the default before issue 14; notify scenario only)", outbox.Config{NotifyInterval: outbox.NotifyEvery}, outbox.RelayConfig{}),
-		oncBest: oncommitSystem(ctx, "oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults')", *notifyEvery),
-			outbox.Config{NotifyInterval: *notifyEvery}, outbox.RelayConfig{}),
-		riv: riverSystem(ctx, "river", "defaults: MaxWorkers 100 (River requires a value; its examples use 100), FetchCooldown 100ms, FetchPollInterval 1s, pgxpool default per client; publish InsertTx / InsertManyFastTx (COPY); drains n/10 of the backlog",
+		onc: onc("oncommit", "defaults: Config{} (NOTIFY coalesced: at most one per DefaultNotifyInterval, 5ms, per Outbox; woken relays follow up), RelayConfig{} (batch 100, 200 handler slots, LISTEN on), pgxpool default per relay",
+			outbox.Config{}),
+		oncOff:   onc("oncommit-notify-off", "Config{Notify: NotifyOff} (publish only)", outbox.Config{Notify: outbox.NotifyOff}),
+		oncEvery: onc("oncommit-notify-every", "Config{NotifyInterval: NotifyEvery} (NOTIFY on every publish, the default before issue 14; notify scenario only)", outbox.Config{NotifyInterval: outbox.NotifyEvery}),
+		oncBest: onc("oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults')", *notifyEvery),
+			outbox.Config{NotifyInterval: *notifyEvery}),
+		riv: riv("river", "defaults: MaxWorkers 100 (River requires a value; its examples use 100), FetchCooldown 100ms, FetchPollInterval 1s, pgxpool default per client; publish InsertTx / InsertManyFastTx (COPY); drains n/10 of the backlog",
 			riverConfig{maxWorkers: 100}),
-		rivBest: riverSystem(ctx, "river-best", "MaxWorkers 1000, FetchCooldown 10ms, FetchPollInterval 100ms, pgxpool 20 conns per client (the best of 1ms/5ms/10ms cooldowns, 10ms/100ms/1s polls, 1000/2000 workers in single-round trials)",
+		rivBest: riv("river-best", "MaxWorkers 1000, FetchCooldown 10ms, FetchPollInterval 100ms, pgxpool 20 conns per client (the best of 1ms/5ms/10ms cooldowns, 10ms/100ms/1s polls, 1000/2000 workers in single-round trials)",
 			riverConfig{maxWorkers: 1000, fetchCooldown: 10 * time.Millisecond, fetchInterval: 100 * time.Millisecond, poolConns: 20}),
-		gu: gueSystem(ctx, "gue", "defaults: WorkerPool of 2 (gue's README), poll interval 5s, priority poll strategy, pgxpool default per process; publish EnqueueTx / EnqueueBatchTx; drains n/10 of the backlog",
+		gu: gu("gue", "defaults: WorkerPool of 2 (gue's README), poll interval 5s, priority poll strategy, pgxpool default per process; publish EnqueueTx / EnqueueBatchTx; drains n/10 of the backlog",
 			gueConfig{workers: 2}),
-		guBest: gueSystem(ctx, "gue-best", "WorkerPool of 16, RunAtPollStrategy (ORDER BY run_at, priority: served by gue's index), poll interval 10ms, pgxpool 20 conns per process",
+		guBest: gu("gue-best", "WorkerPool of 16, RunAtPollStrategy (ORDER BY run_at, priority: served by gue's index), poll interval 10ms, pgxpool 20 conns per process",
 			gueConfig{workers: 16, poll: 10 * time.Millisecond, poolConns: 20, runAt: true}),
 	}
-	ss.riv.share, ss.gu.share = 10, 10
+	if ss.riv != nil {
+		ss.riv.share = 10
+	}
+	if ss.gu != nil {
+		ss.gu.share = 10
+	}
 	return ss
 }
 
