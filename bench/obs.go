@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,6 +20,8 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
+var obsCases = flag.String("obs-cases", "", "obs: run only these cases (comma-separated, off first; default all: off,on,on-10%,metrics,sdk-floor,headers)")
+
 // discardSpans is a span exporter that drops what it is given: the cost
 // measured is the instrumentation's and the SDK's, not an exporter's I/O.
 type discardSpans struct{}
@@ -25,13 +29,40 @@ type discardSpans struct{}
 func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (discardSpans) Shutdown(context.Context) error                             { return nil }
 
+// sdkFloor is the least a relay observer can do to give each delivery a
+// sampled span of the OpenTelemetry SDK: start a span when the handler
+// starts and end it when it returns, with no attributes, links, header
+// reads or metrics. The obs scenario's "sdk-floor" case drains with it, to
+// show what the SDK's own span costs a drain on the host, apart from any
+// instrumentation's code.
+type sdkFloor struct{ tracer trace.Tracer }
+
+func (f sdkFloor) HandlerStart(ctx context.Context, _ outbox.Delivery) context.Context {
+	ctx, _ = f.tracer.Start(ctx, "process bench", trace.WithSpanKind(trace.SpanKindConsumer))
+	return ctx
+}
+func (sdkFloor) HandlerEnd(ctx context.Context, _ outbox.HandlerEvent) {
+	trace.SpanFromContext(ctx).End()
+}
+func (sdkFloor) ClaimEnd(context.Context, outbox.ClaimEvent)           {}
+func (sdkFloor) SettleEnd(context.Context, outbox.SettleEvent)         {}
+func (sdkFloor) DeadLettered(context.Context, outbox.DeadLetterEvent)  {}
+func (sdkFloor) LeaseLost(context.Context, outbox.LeaseLostEvent)      {}
+func (sdkFloor) ListenerChanged(context.Context, outbox.ListenerState) {}
+
 // obsBench (-only obs) drains -n messages with one relay, observability
 // off (no hook, no observer) against on: messages published with
 // oncommitotel's hook (so they carry a traceparent), the relay with its
 // observer (a process span per delivery through a batch span processor,
 // and the metrics into an SDK meter), with every span sampled ("on"), one
 // trace in ten sampled ("on-10%": ParentBased(TraceIDRatioBased(0.1))), or
-// no tracer ("metrics": metrics only). Each of -rounds rounds runs every
+// no tracer ("metrics": metrics only). "sdk-floor" publishes without the
+// hook and observes with sdkFloor (a bare sampled SDK span per delivery,
+// through the same batch span processor, nothing else): the SDK's own
+// share of "on". "headers" publishes with the hook (messages carry a
+// traceparent) and drains without an observer: what carrying and decoding
+// the trace context costs. -obs-cases picks cases (off is the reference
+// and must be among them). Each of -rounds rounds runs every
 // case, starting with a different one each round; it prints the medians
 // and each case's ratio to off. -cpuprofile and -memprofile profile each
 // timed drain, as with -only drain.
@@ -56,7 +87,14 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 		tels[name] = tel
 	}
 
-	names := []string{"off", "on", "on-10%", "metrics"}
+	floorTP := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	defer floorTP.Shutdown(ctx)
+	floor := sdkFloor{floorTP.Tracer("bench")}
+
+	names := []string{"off", "on", "on-10%", "metrics", "sdk-floor", "headers"}
+	if *obsCases != "" {
+		names = strings.Split(*obsCases, ",")
+	}
 	secs, cpus, allocs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		k := (round - 1) % len(names)
@@ -65,11 +103,17 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			ob := table(ctx, pool, "obs")
 			var observer []outbox.RelayObserver
 			pub := ob
-			if tel := tels[name]; tel != nil {
+			if name == "headers" {
+				var err error
+				pub, err = outbox.New(postgres.Dialect(), outbox.Config{Table: ob.Table().String(), Hook: tels["on"]})
+				check(err)
+			} else if tel := tels[name]; tel != nil {
 				var err error
 				pub, err = outbox.New(postgres.Dialect(), outbox.Config{Table: ob.Table().String(), Hook: tel})
 				check(err)
 				observer = append(observer, tel)
+			} else if name == "sdk-floor" {
+				observer = append(observer, floor)
 			}
 			fill(ctx, pool, pub, *n, "bench")
 			run := relays(ctx, ob, 1, *n, observer...)
@@ -99,8 +143,34 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			float64(*n)/median(secs[name]), float64(*n)/slices.Max(secs[name]), float64(*n)/slices.Min(secs[name]),
 			median(cpus[name]), median(allocs[name]))
 	}
-	for _, name := range names[1:] {
-		fmt.Printf("%s/off: throughput %.2fx (medians), client CPU %.2fx, allocations added %.1f per message\n", name,
-			median(secs["off"])/median(secs[name]), median(cpus[name])/median(cpus["off"]), median(allocs[name])-median(allocs["off"]))
+	for _, name := range names {
+		if name == "off" {
+			continue
+		}
+		fmt.Printf("%s/off: throughput %.2fx (medians), %.2fx paired (by round: %s), client CPU %.2fx, allocations added %.1f per message\n", name,
+			median(secs["off"])/median(secs[name]), median(pairedObs(secs["off"], secs[name])), roundList(pairedObs(secs["off"], secs[name])),
+			median(cpus[name])/median(cpus["off"]), median(allocs[name])-median(allocs["off"]))
 	}
+}
+
+// pairedObs is each round's throughput ratio of a case to off (the two
+// drains of a round ran seconds apart): off's seconds over the case's.
+func pairedObs(off, c []float64) []float64 {
+	r := make([]float64, len(c))
+	for i := range c {
+		r[i] = off[i] / c[i]
+	}
+	return r
+}
+
+// roundList prints ratios as "0.91 0.88 ...".
+func roundList(xs []float64) string {
+	var b strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%.2f", x)
+	}
+	return b.String()
 }
