@@ -20,7 +20,7 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-var obsCases = flag.String("obs-cases", "", "obs: run only these cases (comma-separated, off first; default all: off,on,on-10%,metrics,sdk-floor,headers)")
+var obsCases = flag.String("obs-cases", "", "obs: run only these cases (comma-separated, off first; default all: off,on,on-10%,on-10%-so,metrics,sdk-floor,headers)")
 
 // discardSpans is a span exporter that drops what it is given: the cost
 // measured is the instrumentation's and the SDK's, not an exporter's I/O.
@@ -56,7 +56,9 @@ func (sdkFloor) ListenerChanged(context.Context, outbox.ListenerState) {}
 // observer (a process span per delivery through a batch span processor,
 // and the metrics into an SDK meter), with every span sampled ("on"), one
 // trace in ten sampled ("on-10%": ParentBased(TraceIDRatioBased(0.1))), or
-// no tracer ("metrics": metrics only). "sdk-floor" publishes without the
+// no tracer ("metrics": metrics only); "on-10%-so" is on-10% with
+// Config.SampledContextOnly (messages whose create span was not sampled
+// carry no trace context). "sdk-floor" publishes without the
 // hook and observes with sdkFloor (a bare sampled SDK span per delivery,
 // through the same batch span processor, nothing else): the SDK's own
 // share of "on". "headers" publishes with the hook (messages carry a
@@ -73,8 +75,9 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	defer mp.Shutdown(ctx)
 	tels := map[string]*oncommitotel.Telemetry{}
+	tenth := sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))
 	for name, sampler := range map[string]sdktrace.Sampler{
-		"on": sdktrace.AlwaysSample(), "on-10%": sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1)), "metrics": nil,
+		"on": sdktrace.AlwaysSample(), "on-10%": tenth, "on-10%-so": tenth, "metrics": nil,
 	} {
 		var tp trace.TracerProvider = noop.NewTracerProvider()
 		if sampler != nil {
@@ -82,7 +85,7 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			defer sdk.Shutdown(ctx)
 			tp = sdk
 		}
-		tel, err := oncommitotel.New(oncommitotel.Config{TracerProvider: tp, MeterProvider: mp})
+		tel, err := oncommitotel.New(oncommitotel.Config{TracerProvider: tp, MeterProvider: mp, SampledContextOnly: name == "on-10%-so"})
 		check(err)
 		tels[name] = tel
 	}
@@ -91,11 +94,11 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 	defer floorTP.Shutdown(ctx)
 	floor := sdkFloor{floorTP.Tracer("bench")}
 
-	names := []string{"off", "on", "on-10%", "metrics", "sdk-floor", "headers"}
+	names := []string{"off", "on", "on-10%", "on-10%-so", "metrics", "sdk-floor", "headers"}
 	if *obsCases != "" {
 		names = strings.Split(*obsCases, ",")
 	}
-	secs, cpus, allocs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	secs, cpus, srvs, allocs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		k := (round - 1) % len(names)
 		order := append(slices.Clone(names[k:]), names[:k]...)
@@ -121,27 +124,29 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			runtime.GC()
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
-			cpu0 := processCPU()
+			cpu0, srv0 := processCPU(), serverCPU()
 			t0 := time.Now()
 			run()
 			s := time.Since(t0).Seconds()
-			cpu := processCPU() - cpu0
+			cpu, srv := processCPU()-cpu0, serverCPU()-srv0
 			runtime.ReadMemStats(&m1)
 			stopProfiles()
 			if left := remaining(ctx, pool, ob); left != 0 {
 				check(fmt.Errorf("obs %s left %d rows", name, left))
 			}
 			perCPU, perAlloc := float64(cpu.Nanoseconds())/1e3/float64(*n), float64(m1.Mallocs-m0.Mallocs)/float64(*n)
+			perSrv := float64(srv.Nanoseconds()) / 1e3 / float64(*n)
 			secs[name] = append(secs[name], s)
 			cpus[name] = append(cpus[name], perCPU)
+			srvs[name] = append(srvs[name], perSrv)
 			allocs[name] = append(allocs[name], perAlloc)
-			fmt.Printf("round %d %-7s %6.2fs  %8.0f msg/s  client CPU %5.1f µs/msg  %5.1f allocs/msg\n", round, name, s, float64(*n)/s, perCPU, perAlloc)
+			fmt.Printf("round %d %-9s %6.2fs  %8.0f msg/s  client CPU %5.1f µs/msg  server CPU %5.1f µs/msg  %5.1f allocs/msg\n", round, name, s, float64(*n)/s, perCPU, perSrv, perAlloc)
 		}
 	}
 	for _, name := range names {
-		fmt.Printf("median %-7s %8.0f msg/s (%.0f-%.0f)  client CPU %5.1f µs/msg  %5.1f allocs/msg\n", name,
+		fmt.Printf("median %-9s %8.0f msg/s (%.0f-%.0f)  client CPU %5.1f µs/msg  server CPU %5.1f µs/msg  %5.1f allocs/msg\n", name,
 			float64(*n)/median(secs[name]), float64(*n)/slices.Max(secs[name]), float64(*n)/slices.Min(secs[name]),
-			median(cpus[name]), median(allocs[name]))
+			median(cpus[name]), median(srvs[name]), median(allocs[name]))
 	}
 	for _, name := range names {
 		if name == "off" {
