@@ -102,10 +102,10 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 	}
 	printEnvironment(ctx, admin)
 	set := newSystems(ctx, admin)
-	raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.oncEvery, set.oncBest, set.riv, set.rivBest, set.gu, set.guBest
+	raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.oncEvery, set.oncBest, set.oncAsync, set.riv, set.rivBest, set.gu, set.guBest
 
 	fmt.Println("\nsystems:")
-	for _, s := range []*system{raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest} {
+	for _, s := range []*system{raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest} {
 		if s == nil {
 			continue
 		}
@@ -122,7 +122,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		return out
 	}
 	publishers := pick(raw, onc, oncOff, oncBest, riv, gu)
-	consumers := pick(raw, onc, riv, rivBest, gu, guBest)
+	consumers := pick(raw, onc, oncAsync, riv, rivBest, gu, guBest)
 	res := &results{by: map[string]*series{}}
 	for round := 1; round <= *rounds; round++ {
 		fmt.Printf("\n== compare round %d of %d\n", round, *rounds)
@@ -182,7 +182,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 			}
 		}
 		if want("latency") {
-			for _, s := range rotate(pick(onc, oncBest, riv, rivBest, gu, guBest)) { // raw has no consumer
+			for _, s := range rotate(pick(onc, oncBest, oncAsync, riv, rivBest, gu, guBest)) { // raw has no consumer
 				p50, p99 := latencyRun(ctx, s, *latencyN)
 				res.add("latency-p50", s.name, "ms", false, p50)
 				res.add("latency-p99", s.name, "ms", false, p99)
@@ -192,7 +192,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 			// oncommit only: open-loop transactions need connections that the
 			// other systems' pools, kept open for the whole run, would take
 			// past max_connections (100 here).
-			for _, s := range rotate(pick(onc, oncBest, oncEvery)) { // raw has no consumer
+			for _, s := range rotate(pick(onc, oncBest, oncEvery, oncAsync)) { // raw has no consumer
 				p50, p99 := latency8Run(ctx, s, *latency8N)
 				res.add("latency8-p50", s.name, "ms", false, p50)
 				res.add("latency8-p99", s.name, "ms", false, p99)

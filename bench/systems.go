@@ -159,7 +159,7 @@ func closePools() {
 // leaves out is nil: it is never built, so its pools, tables and clients
 // do not sit in the process while the others are measured.
 type systemSet struct {
-	raw, onc, oncOff, oncEvery, oncBest, riv, rivBest, gu, guBest *system
+	raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest *system
 }
 
 // systemWanted reports whether the -systems flag asks for the system name
@@ -201,6 +201,13 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 		oncEvery: onc("oncommit-notify-every", "Config{NotifyInterval: NotifyEvery} (NOTIFY on every publish, the default before issue 14; notify scenario only)", outbox.Config{NotifyInterval: outbox.NotifyEvery}),
 		oncBest: onc("oncommit-best", fmt.Sprintf("Config{NotifyInterval: %v} (at most one NOTIFY per %[1]v per Outbox; relays follow up), RelayConfig{} (publish, latency and notify scenarios; its drain is the defaults')", *notifyEvery),
 			outbox.Config{NotifyInterval: *notifyEvery}),
+		oncAsync: func() *system {
+			if !systemWanted("oncommit-async") {
+				return nil
+			}
+			return oncommitSystem(ctx, "oncommit-async", "defaults but RelayConfig{AsyncCommit: true} (the relay's claims and settles commit without waiting for the WAL flush); drain and latency scenarios only",
+				outbox.Config{}, outbox.RelayConfig{AsyncCommit: true})
+		}(),
 		riv: riv("river", "defaults: MaxWorkers 100 (River requires a value; its examples use 100), FetchCooldown 100ms, FetchPollInterval 1s, pgxpool default per client; publish InsertTx / InsertManyFastTx (COPY); drains n/10 of the backlog",
 			riverConfig{maxWorkers: 100}),
 		rivBest: riv("river-best", "MaxWorkers 1000, FetchCooldown 10ms, FetchPollInterval 100ms, pgxpool 20 conns per client (the best of 1ms/5ms/10ms cooldowns, 10ms/100ms/1s polls, 1000/2000 workers in single-round trials)",

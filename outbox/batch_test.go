@@ -252,3 +252,18 @@ func TestBatchHoldsSlots(t *testing.T) {
 		t.Errorf("batches %v, want [4 4 4]", sizes)
 	}
 }
+
+// TestAsyncCommitUnsupported: RelayConfig.AsyncCommit on a dialect whose
+// Capabilities lack AsyncCommit makes Relay fail with ErrUnsupported.
+func TestAsyncCommitUnsupported(t *testing.T) {
+	ob, err := outbox.New(&memDialect{}, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Relay(nopDB{}, outbox.RelayConfig{Listen: outbox.ListenOff, AsyncCommit: true}); !errors.Is(err, outbox.ErrUnsupported) {
+		t.Errorf("AsyncCommit on a dialect without it: %v, want ErrUnsupported", err)
+	}
+	if _, err := ob.Relay(nopDB{}, outbox.RelayConfig{Listen: outbox.ListenOff}); err != nil {
+		t.Errorf("the same relay without AsyncCommit: %v", err)
+	}
+}

@@ -227,7 +227,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 	}
 	p := outboxdriver.ClaimParams{
 		Topics: r.topics, AllTopics: r.all, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
-		Done: fences, KeepDelivered: r.settleP.KeepDelivered,
+		Done: fences, KeepDelivered: r.settleP.KeepDelivered, AsyncCommit: r.settleP.AsyncCommit,
 	}
 	var claimed []outboxdriver.Claimed
 	var applied []outboxdriver.Fence

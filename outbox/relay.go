@@ -91,6 +91,14 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(o.caps); err != nil {
 		return nil, err
 	}
+	if cfg.AsyncCommit {
+		switch {
+		case !o.caps.AsyncCommit:
+			return nil, fmt.Errorf("%w: the %s dialect cannot commit a relay's statements asynchronously (RelayConfig.AsyncCommit)", ErrUnsupported, o.d.Name())
+		case o.cfg.OrderByKey:
+			return nil, &ConfigError{Field: "AsyncCommit", Reason: "not with Config.OrderByKey: after a database crash a key's messages could be delivered again after later ones"}
+		}
+	}
 	jitter := DefaultRetryJitter
 	if cfg.RetryJitter != nil {
 		jitter = *cfg.RetryJitter
@@ -98,7 +106,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 	r := &Relay{
 		ob: o, d: rd, db: db, cfg: cfg, log: cfg.Logger,
 		retry:    backoff.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap, Jitter: jitter},
-		settleP:  outboxdriver.SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead},
+		settleP:  outboxdriver.SettleParams{KeepDelivered: cfg.KeepDelivered > 0, DiscardDead: cfg.DiscardDead, AsyncCommit: cfg.AsyncCommit},
 		handlers: map[string]Handler{},
 		batches:  map[string]*batchHandler{},
 		inflight: map[*claimBatch]struct{}{},

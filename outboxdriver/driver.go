@@ -72,6 +72,11 @@ type Capabilities struct {
 	// when it orders) honour ClaimParams.AllTopics: a relay with a
 	// catch-all handler needs it.
 	AllTopics bool
+	// AsyncCommit is true when the dialect's claims and settles honour
+	// ClaimParams.AsyncCommit and SettleParams.AsyncCommit: their
+	// statements commit without waiting for the database's log to reach
+	// disk (PostgreSQL's synchronous_commit off, for that statement only).
+	AsyncCommit bool
 }
 
 // Table is the validated name of the outbox table.
@@ -262,6 +267,9 @@ type ClaimParams struct {
 	// SettleParams.KeepDelivered.
 	Done          []Fence
 	KeepDelivered bool
+	// AsyncCommit: the claim's statement commits without waiting for the
+	// log flush (see Capabilities.AsyncCommit).
+	AsyncCommit bool
 }
 
 // Claimed is a row returned by [RelayDialect.Claim].
@@ -323,6 +331,7 @@ type Settlement struct {
 type SettleParams struct {
 	KeepDelivered bool // mark done rows delivered instead of deleting them
 	DiscardDead   bool // delete dead rows instead of keeping them
+	AsyncCommit   bool // commit without waiting for the log flush (see Capabilities.AsyncCommit)
 }
 
 // TopicStats are the counts of one topic.

@@ -38,7 +38,7 @@ type dialect struct {
 func (*dialect) Name() string { return "postgres" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, Ordered: true, AllTopics: true}
+	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, Ordered: true, AllTopics: true, AsyncCommit: true}
 }
 
 // QuoteTable returns t as a quoted, possibly schema-qualified, identifier.

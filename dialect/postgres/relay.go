@@ -62,9 +62,24 @@ func textArray(ss []string) string {
 // topics are. So a claim of every topic reads, per topic, one probe and at
 // most $2 rows, as if every topic were registered.
 func ClaimSQL(t outboxdriver.Table, topics int) string {
-	return claimCTE(t, "", topics, "") + `
+	return claimSQL(t, topics, false)
+}
+
+// claimSQL is ClaimSQL, with async its asynchronous-commit form (see
+// asyncCommit).
+func claimSQL(t outboxdriver.Table, topics int, async bool) string {
+	return claimCTE(t, "", topics, "", async) + `
 SELECT ` + claimColumns + ` FROM claimed`
 }
+
+// asyncCommit is a one-time filter (an InitPlan, evaluated once, before
+// the scan it guards) that sets synchronous_commit to off for the
+// statement's own transaction (set_config's is_local): the statement then
+// commits without waiting for the WAL flush. Nothing else on the
+// connection is changed: the setting ends with the transaction, which for
+// a statement sent outside one is the statement itself. The claims and
+// settles of a relay with RelayConfig.AsyncCommit carry it.
+const asyncCommit = ` AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL`
 
 // claimColumns are claimedColumns with the id as its 16 bytes
 // (uuid_send): every driver passes a bytea through as it came, so the
@@ -98,12 +113,18 @@ const (
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
 func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
+	return claimSettleSQL(t, topics, keep, false)
+}
+
+// claimSettleSQL is ClaimSettleSQL, with async its asynchronous-commit
+// form (see asyncCommit).
+func claimSettleSQL(t outboxdriver.Table, topics int, keep, async bool) string {
 	tbl := QuoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
-	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, "") + `
+	return claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, "", async) + `
 SELECT ` + claimColumns + ` FROM claimed
 UNION ALL
 SELECT uuid_send(f.id), '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowFencedOff) + `, now() FROM unnest($5::uuid[], $6::integer[]) AS f(id, attempts)
@@ -127,8 +148,8 @@ SELECT uuid_send(f.id), '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowF
 // settle needs.
 //
 // more adds columns to claimed's RETURNING list (", o.key_seq" for the
-// ordered claim).
-func claimCTE(t outboxdriver.Table, done string, topics int, more string) string {
+// ordered claim). async adds asyncCommit to due's WHERE.
+func claimCTE(t outboxdriver.Table, done string, topics int, more string, async bool) string {
 	tbl := QuoteTable(t)
 	// spent: the row had its $4 attempts since its last redrive.
 	const spent = `o.attempts - o.attempts_base >= $4`
@@ -155,6 +176,9 @@ func claimCTE(t outboxdriver.Table, done string, topics int, more string) string
 		after = `
       AND (SELECT count(*) FROM done) >= 0`
 		skip = ` AND o.id <> ALL($5::uuid[])`
+	}
+	if async {
+		after += asyncCommit
 	}
 	due := `SELECT ctid FROM ` + tbl + `
     WHERE ` + topic + ` AND state IN ('pending', 'processing') AND available_at <= now()` + after + `
@@ -188,7 +212,7 @@ claimed AS (
 // every claim, settle and renewal).
 type relayTexts struct {
 	claim  *sqlbuild.Texts[claimTexts]
-	settle *sqlbuild.Texts[settleTexts]
+	settle *sqlbuild.Texts[[2]settleTexts] // [1]: with asyncCommit
 	renew  *sqlbuild.Texts[string]
 	purge  *sqlbuild.Texts[string]
 }
@@ -197,6 +221,8 @@ type relayTexts struct {
 // and ClaimSettleSQL deleting or keeping the successes.
 type claimTexts struct {
 	claim, claimDelete, claimKeep [3]string
+	// The same with asynchronous commit (ClaimParams.AsyncCommit).
+	claimAsync, claimDeleteAsync, claimKeepAsync [3]string
 }
 
 // topicForms are the topics argument of ClaimSQL for each topicForm.
@@ -238,12 +264,17 @@ func newTexts() relayTexts {
 				c.claim[form] = ClaimSQL(t, topics)
 				c.claimDelete[form] = ClaimSettleSQL(t, topics, false)
 				c.claimKeep[form] = ClaimSettleSQL(t, topics, true)
+				c.claimAsync[form] = claimSQL(t, topics, true)
+				c.claimDeleteAsync[form] = claimSettleSQL(t, topics, false, true)
+				c.claimKeepAsync[form] = claimSettleSQL(t, topics, true, true)
 			}
 			return c
 		}),
-		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) settleTexts {
-			var st settleTexts
-			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
+		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) [2]settleTexts {
+			var st [2]settleTexts
+			st[0].deleteDone, st[0].markDelivered, st[0].retry, st[0].markDead, st[0].deleteDead = SettleSQL(t)
+			st[1] = settleTexts{st[0].deleteDone + asyncCommit, st[0].markDelivered + asyncCommit, st[0].retry + asyncCommit,
+				st[0].markDead + asyncCommit, st[0].deleteDead + asyncCommit}
 			return st
 		}),
 		renew: sqlbuild.NewTexts(RenewSQL),
@@ -254,11 +285,20 @@ func newTexts() relayTexts {
 func (d *dialect) Claim(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, []outboxdriver.Fence, error) {
 	ct, form := d.texts.claim.Get(t), topicForm(p)
 	q := ct.claim[form]
+	if p.AsyncCommit {
+		q = ct.claimAsync[form]
+	}
 	args := []any{topicsArg(p, form), p.Limit, p.Lease.Seconds(), p.MaxAttempts}
 	if len(p.Done) > 0 {
-		q = ct.claimDelete[form]
-		if p.KeepDelivered {
+		switch {
+		case p.KeepDelivered && p.AsyncCommit:
+			q = ct.claimKeepAsync[form]
+		case p.KeepDelivered:
 			q = ct.claimKeep[form]
+		case p.AsyncCommit:
+			q = ct.claimDeleteAsync[form]
+		default:
+			q = ct.claimDelete[form]
 		}
 		ids, attempts := fenceArrays(p.Done)
 		args = append(args, ids, attempts)
@@ -527,7 +567,11 @@ FROM unnest($1::uuid[], $2::integer[], $3::text[]) AS v(id, attempts, err)` + fe
 
 func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, s []outboxdriver.Settlement) ([]outboxdriver.Fence, error) {
 	done, retry, dead := sqlbuild.ByKind(s)
-	st := d.texts.settle.Get(t)
+	sts := d.texts.settle.Get(t)
+	st := &sts[0]
+	if p.AsyncCommit {
+		st = &sts[1] // each statement ends with asyncCommit
+	}
 	deleteDone, markDelivered, retrySQL, markDead, deleteDead := st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead
 	var written []outboxdriver.Fence
 	run := func(xs []outboxdriver.Settlement, q string, extra ...func(x *outboxdriver.Settlement) (string, bool)) error {
