@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
-	"os"
 	"strconv"
 	"testing"
 
@@ -28,17 +27,19 @@ func TestChaos(t *testing.T) {
 
 // TestOrderedChaos runs the checker of ordered delivery
 // (chaostest.RunOrdered) on PostgreSQL through native pgx; under
-// OUTBOX_RELIABILITY=long (a relay SIGKILLed every 200-800 ms) through
-// lib/pq too.
+// OUTBOX_RELIABILITY=long the default run, then the long one (a relay
+// SIGKILLed every 200-800 ms) through pgx and lib/pq.
 func TestOrderedChaos(t *testing.T) {
-	drivers := []string{"pgx"}
-	if os.Getenv("OUTBOX_RELIABILITY") == "long" {
-		drivers = append(drivers, "libpq")
-	}
-	for _, driver := range drivers {
-		t.Run(driver, func(t *testing.T) {
-			chaostest.RunOrdered(t, pgBackend(driver), chaostest.OrderedFromEnv())
-		})
+	for _, o := range chaostest.OrderedRuns() {
+		drivers := []string{"pgx"}
+		if o.Kill {
+			drivers = append(drivers, "libpq")
+		}
+		for _, driver := range drivers {
+			t.Run(o.Mode+"/"+driver, func(t *testing.T) {
+				chaostest.RunOrdered(t, pgBackend(driver), o)
+			})
+		}
 	}
 }
 

@@ -31,7 +31,9 @@ func TestChaos(t *testing.T) { chaostest.Run(t, chaosBackend(0), chaostest.FromE
 // the head was then claimed again beside its run still in flight, which
 // the checker reports (11 and 6 keys; never out of order).
 func TestOrderedChaos(t *testing.T) {
-	chaostest.RunOrdered(t, chaosBackend(time.Minute), chaostest.OrderedFromEnv())
+	for _, o := range chaostest.OrderedRuns() { // the default run; under OUTBOX_RELIABILITY=long the long one too
+		t.Run(o.Mode, func(t *testing.T) { chaostest.RunOrdered(t, chaosBackend(time.Minute), o) })
+	}
 }
 
 // chaosBackend is a database per test: one file, migrated, shared by every

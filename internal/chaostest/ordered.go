@@ -56,6 +56,20 @@ type OrderedOptions struct {
 	Mode         string
 }
 
+// OrderedRuns are the checker's runs for the environment: the default
+// run (OrderedFromEnv without OUTBOX_RELIABILITY), and under
+// OUTBOX_RELIABILITY=long that run first and then the long one, so that a
+// long run (CI's) checks both variants.
+func OrderedRuns() []OrderedOptions {
+	o := OrderedFromEnv()
+	if !o.Kill {
+		return []OrderedOptions{o}
+	}
+	short := o
+	short.Kill, short.Mode = false, "short"
+	return []OrderedOptions{short, o}
+}
+
 // OrderedFromEnv is the default run (2,000 keys x 10 messages, 8
 // producers, 4 relays, 5% handler errors, no kills), or under
 // OUTBOX_RELIABILITY=long the same with a relay SIGKILLed every 200-800
