@@ -124,8 +124,9 @@ type RelayConfig struct {
 	// synchronous_commit off, set inside each of these statements for its
 	// own transaction; the connection and every other statement keep the
 	// server's setting). A claim's commit then costs no disk flush: on a
-	// 2-core host a drain ran about 1.4x faster and the time from a
-	// publish's commit to its handler halved (docs/operations.md, Relays).
+	// 2-core host a one-relay drain ran 1.3x faster and the median time
+	// from a publish's commit to its handler fell by about a third
+	// (docs/operations.md, Relays, has the run).
 	//
 	// What it costs, only if the database server itself crashes (or fails
 	// over to a standby that had not received them): the claims and
