@@ -94,8 +94,9 @@ type Config struct {
 	// whose create span was not sampled then carries no trace context,
 	// and its row and every claim of it are that much smaller: the context
 	// is about 80 bytes of each row, which a relay's claim rewrites and
-	// reads back (docs/benchmarks.md measures it at about 0.86x of a no-op
-	// drain on a 2-core host). What is lost: its process span (which starts
+	// reads back (docs/benchmarks.md measures a no-op drain of messages
+	// that carry it at 0.82x-0.85x of one without, on a 2-core host). What
+	// is lost: its process span (which starts
 	// a trace of its own unless ProcessAsChild) has no link to the unsampled
 	// create span, and a consumer downstream of a forwarder, or a process
 	// span with ProcessAsChild, no longer sees the "not sampled" decision
