@@ -96,7 +96,16 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 
 	names := []string{"off", "on", "on-10%", "on-10%-so", "metrics", "sdk-floor", "headers"}
 	if *obsCases != "" {
-		names = strings.Split(*obsCases, ",")
+		picked := strings.Split(*obsCases, ",")
+		for _, c := range picked {
+			if !slices.Contains(names, c) {
+				check(fmt.Errorf("-obs-cases: unknown case %q (cases: %s)", c, strings.Join(names, ",")))
+			}
+		}
+		if !slices.Contains(picked, "off") {
+			check(fmt.Errorf("-obs-cases: off, the reference, must be among the cases"))
+		}
+		names = picked
 	}
 	secs, cpus, srvs, allocs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {

@@ -30,7 +30,7 @@ import (
 // delivered and the table ends empty: nothing lost, nothing stranded. It
 // logs how many messages were delivered more than once (at least once
 // allows it; with AsyncCommit the claims and settles of the server's last
-// moments are lost, so more are).
+// moments are lost too, which can add to them).
 func TestServerCrashMidDrain(t *testing.T) {
 	bin := pgBin(t)
 	for _, async := range []bool{false, true} {

@@ -273,6 +273,8 @@ func newTexts() relayTexts {
 		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) [2]settleTexts {
 			var st [2]settleTexts
 			st[0].deleteDone, st[0].markDelivered, st[0].retry, st[0].markDead, st[0].deleteDead = SettleSQL(t)
+			// Each SettleSQL statement ends in fencedOff's WHERE, so the
+			// filter appends to it (TestAsyncCommitStatements runs each).
 			st[1] = settleTexts{st[0].deleteDone + asyncCommit, st[0].markDelivered + asyncCommit, st[0].retry + asyncCommit,
 				st[0].markDead + asyncCommit, st[0].deleteDead + asyncCommit}
 			return st
