@@ -74,6 +74,7 @@ func pgBackend(driver string) chaostest.Backend {
 					pool.Close()
 					return nil, err
 				}
+				db.SetMaxOpenConns(12) // the ledger's pool, bounded (see lib/pq's)
 				c.SQL, c.Relay = db, pgxtx.FromPool(pool)
 				c.Close = func() { pool.Close(); db.Close() }
 				c.Begin = func(ctx context.Context) (chaostest.Txn, error) {
@@ -91,7 +92,19 @@ func pgBackend(driver string) chaostest.Backend {
 				if err != nil {
 					return nil, err
 				}
-				c.SQL, c.Relay, c.Close, c.Begin = db, sqltx.FromDB(db), func() { db.Close() }, chaostest.SQLBegin(db)
+				// The ledger on a pool of its own, bounded: unbounded, a
+				// relay's hundred-odd handlers opened a connection each,
+				// went past max_connections and retried, a storm of
+				// backends that starved every process (a relay then took
+				// over 20 s to stop in CI).
+				ledger, err := sql.Open("postgres", tg["url"])
+				if err != nil {
+					db.Close()
+					return nil, err
+				}
+				ledger.SetMaxOpenConns(12)
+				c.SQL, c.LedgerSQL, c.Relay, c.Begin = db, ledger, sqltx.FromDB(db), chaostest.SQLBegin(db)
+				c.Close = func() { db.Close(); ledger.Close() }
 			}
 			return c, nil
 		},

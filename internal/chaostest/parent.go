@@ -224,8 +224,9 @@ func (p *parent) kill(c *child) {
 }
 
 // stop closes c's standard input, which stops it cleanly, and waits for it
-// (SIGKILL after wait).
-func (p *parent) stop(cs []*child, wait time.Duration) {
+// (SIGKILL after wait). It returns how long the children took to stop.
+func (p *parent) stop(cs []*child, wait time.Duration) time.Duration {
+	t0 := time.Now()
 	for _, c := range cs {
 		c.stdin.Close()
 	}
@@ -241,6 +242,7 @@ func (p *parent) stop(cs []*child, wait time.Duration) {
 			p.failures = append(p.failures, fmt.Sprintf("%s %d stopped with %v:\n%s", c.role, c.idx, c.err, c.out))
 		}
 	}
+	return time.Since(t0)
 }
 
 func (p *parent) uniform(lo, hi time.Duration) time.Duration {
@@ -350,8 +352,13 @@ loop:
 	relayKill.Stop()
 	pubKill.Stop()
 	rep.RunS = time.Since(started).Seconds()
-	p.stop(pubs, 15*time.Second)
-	p.stop(relays, 20*time.Second)
+	// A clean stop takes a relay its shutdown grace (10 s) and a settle;
+	// a host starved so that the run overran its schedule (CI's -race
+	// children at a load average of 20: 180 s for 60 s) stops slower in
+	// proportion, so the bounds grow with the run's slowdown.
+	slow := max(1, rep.RunS/o.Duration.Seconds())
+	p.stop(pubs, time.Duration(slow*float64(15*time.Second)))
+	rep.StopS = p.stop(relays, time.Duration(slow*float64(20*time.Second))).Seconds()
 	for _, f := range p.failures {
 		t.Error(f)
 	}

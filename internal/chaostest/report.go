@@ -17,6 +17,7 @@ type Report struct {
 	DurationS  float64 `json:"duration_s"`
 	RunS       float64 `json:"run_s"`
 	HealS      float64 `json:"heal_s"`
+	StopS      float64 `json:"stop_s"` // how long the relays took to stop cleanly at the end
 	LeaseS     float64 `json:"lease_s"`
 	Relays     int     `json:"relays"`
 	Publishers int     `json:"publishers"`
