@@ -32,6 +32,10 @@ func TestAsyncCommitStatements(t *testing.T) {
 	}
 	d := Dialect().(*dialect)
 	ct, st := d.texts.claim.Get(tb), d.texts.settle.Get(tb)
+	lt := d.claimTexts(tb, 2) // the limit, 2 as in claimArgs, written in the text
+	if !strings.Contains(lt.claim[0], "LIMIT 2\n") {
+		t.Fatalf("claimTexts(2) has no LIMIT 2:\n%s", lt.claim[0])
+	}
 	claimArgs := []any{"t", 2, 30.0, 25}
 	doneArgs := append(append([]any{}, claimArgs...), "{}", "{}")
 	empty := []any{"{}", "{}"}
@@ -47,6 +51,10 @@ func TestAsyncCommitStatements(t *testing.T) {
 		{"claim every topic", ct.claim[2], ct.claimAsync[2], []any{"", 2, 30.0, 25}},
 		{"claim and delete", ct.claimDelete[0], ct.claimDeleteAsync[0], doneArgs},
 		{"claim and keep", ct.claimKeep[0], ct.claimKeepAsync[0], doneArgs},
+		{"claim, limit in the text", lt.claim[0], lt.claimAsync[0], claimArgs},
+		{"claim several topics, limit in the text", lt.claim[1], lt.claimAsync[1], []any{"{t,u}", 2, 30.0, 25}},
+		{"claim and delete, limit in the text", lt.claimDelete[0], lt.claimDeleteAsync[0], doneArgs},
+		{"claim and keep, limit in the text", lt.claimKeep[0], lt.claimKeepAsync[0], doneArgs},
 		{"settle done", st[0].deleteDone, st[1].deleteDone, empty},
 		{"settle delivered", st[0].markDelivered, st[1].markDelivered, empty},
 		{"settle retry", st[0].retry, st[1].retry, []any{"{}", "{}", "{}", "{}", "{}"}},

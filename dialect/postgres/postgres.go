@@ -31,8 +31,9 @@ const paramsPerRow = 7
 func Dialect() outboxdriver.Dialect { return &dialect{insert: newInsert(), texts: newTexts()} }
 
 type dialect struct {
-	insert *sqlbuild.Insert
-	texts  relayTexts
+	insert  *sqlbuild.Insert
+	texts   relayTexts
+	literal literalClaims
 }
 
 func (*dialect) Name() string { return "postgres" }
