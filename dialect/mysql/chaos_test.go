@@ -41,9 +41,19 @@ func chaosBackend() chaostest.Backend {
 			if err != nil {
 				return nil, err
 			}
+			// The ledger on a pool of its own, bounded (as on PostgreSQL:
+			// a relay's hundred-odd handlers must not each open a
+			// connection and crowd out the relays' own).
+			ledger, err := sql.Open("mysql", tg["dsn"])
+			if err != nil {
+				db.Close()
+				return nil, err
+			}
+			ledger.SetMaxOpenConns(12)
 			n := tg["db"]
 			return &chaostest.Conn{Table: n + ".outbox", Business: n + ".chaos_orders", Ledger: n + ".chaos_ledger",
-				Relay: sqltx.FromDB(db), Begin: chaostest.SQLBegin(db), SQL: db, Close: func() { db.Close() }}, nil
+				Relay: sqltx.FromDB(db), Begin: chaostest.SQLBegin(db), SQL: db, LedgerSQL: ledger,
+				Close: func() { db.Close(); ledger.Close() }}, nil
 		},
 	}
 }
