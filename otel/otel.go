@@ -95,7 +95,7 @@ type Config struct {
 	// and its row and every claim of it are that much smaller: the context
 	// is about 80 bytes of each row, which a relay's claim rewrites and
 	// reads back (docs/benchmarks.md measures a no-op drain of messages
-	// that carry it at 0.82x-0.85x of one without, on a 2-core host). What
+	// that carry it at 0.82x-0.90x of one without, on a 2-core host). What
 	// is lost: its process span (which starts
 	// a trace of its own unless ProcessAsChild) has no link to the unsampled
 	// create span, and a consumer downstream of a forwarder, or a process
