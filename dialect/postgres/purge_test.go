@@ -21,14 +21,7 @@ func TestPurgeOneAtATime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	admin := pgtest.Admin(t)
-	table := pgtest.Schema(t) + ".outbox"
-	if err := Migrate(ctx, admin, table); err != nil {
-		t.Fatal(err)
-	}
-	tb, err := outbox.ParseTable(table)
-	if err != nil {
-		t.Fatal(err)
-	}
+	table, tb := migratedTable(t)
 	fill := func(state string, n int) {
 		t.Helper()
 		if _, err := admin.Exec(`INSERT INTO `+table+` (id, topic, state, settled_at)
