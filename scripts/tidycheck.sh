@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
 for dir in $(go list -m -f '{{.Dir}}'); do
+	rel=.
+	[ "$dir" = "$PWD" ] || rel=${dir#"$PWD"/}
 	if ! out=$(cd "$dir" && GOWORK=off go mod tidy -diff 2>&1); then
-		echo "untidy module: ${dir#"$PWD"/} (run: cd ${dir#"$PWD"/} && GOWORK=off go mod tidy)"
+		echo "untidy module: $rel (run: cd $rel && GOWORK=off go mod tidy)"
 		echo "$out" | grep -v '^go: downloading' || true
 		fail=1
 	fi
