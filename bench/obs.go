@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"time"
@@ -108,6 +109,7 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 		names = picked
 	}
 	secs, cpus, srvs, allocs := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	gcs, gcCPUs, bytes := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for round := 1; round <= *rounds; round++ {
 		k := (round - 1) % len(names)
 		order := append(slices.Clone(names[k:]), names[:k]...)
@@ -133,11 +135,13 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			runtime.GC()
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
+			gc0 := gcCPU()
 			cpu0, srv0 := processCPU(), serverCPU()
 			t0 := time.Now()
 			run()
 			s := time.Since(t0).Seconds()
 			cpu, srv := processCPU()-cpu0, serverCPU()-srv0
+			gcc := gcCPU() - gc0
 			runtime.ReadMemStats(&m1)
 			stopProfiles()
 			if left := remaining(ctx, pool, ob); left != 0 {
@@ -149,13 +153,16 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			cpus[name] = append(cpus[name], perCPU)
 			srvs[name] = append(srvs[name], perSrv)
 			allocs[name] = append(allocs[name], perAlloc)
-			fmt.Printf("round %d %-9s %6.2fs  %8.0f msg/s  client CPU %5.1f µs/msg  server CPU %5.1f µs/msg  %5.1f allocs/msg\n", round, name, s, float64(*n)/s, perCPU, perSrv, perAlloc)
+			perBytes, perGC := float64(m1.TotalAlloc-m0.TotalAlloc)/float64(*n), gcc.Seconds()*1e6/float64(*n)
+			gcs[name], gcCPUs[name], bytes[name] = append(gcs[name], float64(m1.NumGC-m0.NumGC)), append(gcCPUs[name], perGC), append(bytes[name], perBytes)
+			fmt.Printf("round %d %-9s %6.2fs  %8.0f msg/s  client CPU %5.1f µs/msg (GC %4.1f, %3d collections)  server CPU %5.1f µs/msg  %5.1f allocs, %5.0f B/msg\n",
+				round, name, s, float64(*n)/s, perCPU, perGC, m1.NumGC-m0.NumGC, perSrv, perAlloc, perBytes)
 		}
 	}
 	for _, name := range names {
-		fmt.Printf("median %-9s %8.0f msg/s (%.0f-%.0f)  client CPU %5.1f µs/msg  server CPU %5.1f µs/msg  %5.1f allocs/msg\n", name,
+		fmt.Printf("median %-9s %8.0f msg/s (%.0f-%.0f)  client CPU %5.1f µs/msg (GC %4.1f, %3.0f collections)  server CPU %5.1f µs/msg  %5.1f allocs, %5.0f B/msg\n", name,
 			float64(*n)/median(secs[name]), float64(*n)/slices.Max(secs[name]), float64(*n)/slices.Min(secs[name]),
-			median(cpus[name]), median(srvs[name]), median(allocs[name]))
+			median(cpus[name]), median(gcCPUs[name]), median(gcs[name]), median(srvs[name]), median(allocs[name]), median(bytes[name]))
 	}
 	for _, name := range names {
 		if name == "off" {
@@ -165,6 +172,18 @@ func obsBench(ctx context.Context, pool *pgxpool.Pool) {
 			median(secs["off"])/median(secs[name]), median(pairedObs(secs["off"], secs[name])), roundList(pairedObs(secs["off"], secs[name])),
 			median(cpus[name])/median(cpus["off"]), median(allocs[name])-median(allocs["off"]))
 	}
+}
+
+// gcCPU is the CPU time the Go runtime has spent on garbage collection
+// (runtime/metrics' /cpu/classes/gc/total:cpu-seconds, an estimate the
+// runtime keeps up to date at each collection).
+func gcCPU() time.Duration {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return time.Duration(s[0].Value.Float64() * float64(time.Second))
 }
 
 // pairedObs is each round's throughput ratio of a case to off (the two

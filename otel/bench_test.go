@@ -21,15 +21,18 @@ func (discardSpans) Shutdown(context.Context) error                             
 
 // BenchmarkDelivery is the observer's cost per delivery (HandlerStart and
 // HandlerEnd of a message that carries a trace context, and the metrics),
-// with the SDK sampling every span into a batch processor, sampling none,
-// or no tracer (metrics only):
+// with the SDK sampling every span into a batch processor (also with
+// Config.SamplingAttributes), one trace in ten, none, or no tracer
+// (metrics only):
 //
 //	go test ./otel -run '^$' -bench Delivery -benchmem
 func BenchmarkDelivery(b *testing.B) {
 	for _, c := range []struct {
 		name    string
 		sampler sdktrace.Sampler
-	}{{"sampled", sdktrace.AlwaysSample()}, {"ratio10", sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))}, {"unsampled", sdktrace.NeverSample()}, {"metrics", nil}} {
+		atStart bool
+	}{{"sampled", sdktrace.AlwaysSample(), false}, {"sampled-attrs-at-start", sdktrace.AlwaysSample(), true},
+		{"ratio10", sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1)), false}, {"unsampled", sdktrace.NeverSample(), false}, {"metrics", nil, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			var tp trace.TracerProvider = noop.NewTracerProvider()
 			if c.sampler != nil {
@@ -38,7 +41,7 @@ func BenchmarkDelivery(b *testing.B) {
 				tp = sdk
 			}
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-			tel, err := oncommitotel.New(oncommitotel.Config{TracerProvider: tp, MeterProvider: mp})
+			tel, err := oncommitotel.New(oncommitotel.Config{TracerProvider: tp, MeterProvider: mp, SamplingAttributes: c.atStart})
 			if err != nil {
 				b.Fatal(err)
 			}

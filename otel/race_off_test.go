@@ -1,0 +1,5 @@
+//go:build !race
+
+package oncommitotel_test
+
+const raceEnabled = false
