@@ -113,12 +113,12 @@ type Config struct {
 	// attributes. Defaults to false: the span starts with its kind and
 	// name only, and gets its attributes right after Start when it
 	// records, which saves a sampled delivery two allocations and about
-	// 640 bytes (docs/observability.md, Overhead). The exported spans are
-	// the same either way; only a sampler of the caller's that reads
-	// attributes at Start (AlwaysSample, NeverSample, TraceIDRatioBased
-	// and ParentBased do not) needs it. With ProcessAsChild or a
-	// Propagator of the caller's, the sampler sees every attribute
-	// either way.
+	// 640 bytes (docs/observability.md, "What it costs"). The exported
+	// spans are the same either way; only a sampler of the caller's that
+	// reads attributes at Start (AlwaysSample, NeverSample,
+	// TraceIDRatioBased and ParentBased do not), or a SpanProcessor whose
+	// OnStart reads them, needs it. With ProcessAsChild or a Propagator of
+	// the caller's, the sampler sees every attribute either way.
 	SamplingAttributes bool
 }
 
