@@ -84,8 +84,9 @@ func TestAttrBufReuse(t *testing.T) {
 	}
 
 	// Allocations of a sampled delivery into a batch processor: the SDK's
-	// span, its context and snapshot, its attributes and link, the
-	// message id's string. One more means the buffer is allocated again.
+	// span, its context and its snapshot, the span's attributes, the link
+	// and its copy in the snapshot, the message id's string. One more
+	// means the buffer is allocated again.
 	batched := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}))
 	defer batched.Shutdown(context.Background())
 	tel, err = oncommitotel.New(oncommitotel.Config{TracerProvider: batched, MeterProvider: mp})

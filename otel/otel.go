@@ -114,11 +114,13 @@ type Config struct {
 	// name only, and gets its attributes right after Start when it
 	// records, which saves a sampled delivery two allocations and about
 	// 640 bytes (docs/observability.md, "What it costs"). The exported
-	// spans are the same either way; only a sampler of the caller's that
-	// reads attributes at Start (AlwaysSample, NeverSample,
-	// TraceIDRatioBased and ParentBased do not), or a SpanProcessor whose
-	// OnStart reads them, needs it. With ProcessAsChild or a Propagator of
-	// the caller's, the sampler sees every attribute either way.
+	// spans carry the same attributes either way; only a sampler of the
+	// caller's that reads attributes at Start (AlwaysSample, NeverSample,
+	// TraceIDRatioBased, and ParentBased over those, do not), or a
+	// SpanProcessor whose OnStart reads or sets attributes, needs it:
+	// OnStart runs before the attributes are set, and on a key both set
+	// the relay's value wins. With ProcessAsChild or a Propagator of the
+	// caller's, the sampler sees every attribute either way.
 	SamplingAttributes bool
 }
 
