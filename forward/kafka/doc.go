@@ -15,8 +15,11 @@
 //
 // Each record's key is the message's Key (no key when it has none), so
 // the default partitioner keeps a key's messages in one partition; its
-// value is the payload; its timestamp the message's CreatedAt; its headers
-// oncommit-id and the message's headers. A batch has at most one
+// value is the payload; its headers oncommit-id, oncommit-created-at (the
+// message's CreatedAt) and the message's headers. Its timestamp is left to
+// kgo, which stamps the time of the produce: kgo's RecordDeliveryTimeout
+// counts from it, so a message produced long after it was published (a
+// backlog, a delay, a retry) is not timed out before it is sent. A batch has at most one
 // unacknowledged record per key in flight: a key's next record is produced
 // once Kafka acknowledged the one before it, and when one fails the key's
 // later records in the batch fail without being produced, so within one

@@ -6,14 +6,26 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// IDHeader is the record header that carries the outbox message id, the
-// same on every produce of one message: the key consumers deduplicate by.
-const IDHeader = "oncommit-id"
+// Record headers the forwarder sets on every record; a message header of
+// the same name is replaced.
+const (
+	// IDHeader carries the outbox message id, the same on every produce
+	// of one message: the key consumers deduplicate by.
+	IDHeader = "oncommit-id"
+
+	// CreatedAtHeader carries the message's publish time
+	// (outbox.Delivery.CreatedAt, on the database clock) in RFC 3339 with
+	// nanoseconds, in UTC (time.RFC3339Nano), the same on every produce of
+	// one message. The record's own timestamp is the time it was
+	// produced.
+	CreatedAtHeader = "oncommit-created-at"
+)
 
 // Config configures a [Forwarder]. The zero value works.
 type Config struct {
@@ -154,15 +166,20 @@ func (f *Forwarder) record(d *outbox.Delivery) (*kgo.Record, error) {
 			return nil, fmt.Errorf("kafka: Config.Topic maps topic %q to no Kafka topic", d.Topic)
 		}
 	}
-	r := &kgo.Record{Topic: topic, Value: d.Payload, Timestamp: d.CreatedAt,
-		Headers: make([]kgo.RecordHeader, 0, 1+len(d.Headers))}
+	// No Timestamp: kgo stamps the record when it is produced. kgo
+	// measures RecordDeliveryTimeout from the record's timestamp, so the
+	// publish time there would fail at once every record of a message
+	// older than that timeout (a backlog, a delayed message, a retry).
+	r := &kgo.Record{Topic: topic, Value: d.Payload, Headers: make([]kgo.RecordHeader, 0, 2+len(d.Headers))}
 	if d.Key != "" {
 		r.Key = []byte(d.Key)
 	}
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: IDHeader, Value: []byte(d.ID.String())})
+	r.Headers = append(r.Headers,
+		kgo.RecordHeader{Key: IDHeader, Value: []byte(d.ID.String())},
+		kgo.RecordHeader{Key: CreatedAtHeader, Value: d.CreatedAt.UTC().AppendFormat(nil, time.RFC3339Nano)})
 	names := make([]string, 0, len(d.Headers))
 	for k := range d.Headers {
-		if k != IDHeader {
+		if k != IDHeader && k != CreatedAtHeader {
 			names = append(names, k)
 		}
 	}

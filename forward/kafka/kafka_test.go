@@ -211,7 +211,7 @@ func TestForwardEveryMessage(t *testing.T) {
 		if r.Topic != topic || string(r.Key) != m.Key || strings.ReplaceAll(string(r.Value), " ", "") != strings.ReplaceAll(string(m.Payload), " ", "") {
 			t.Errorf("record %s: topic %s key %s value %s, want %s %s %s", id, r.Topic, r.Key, r.Value, topic, m.Key, m.Payload)
 		}
-		if h, _ := header(r, "trace"); h != m.Headers["trace"] || len(r.Headers) != 3 {
+		if h, _ := header(r, "trace"); h != m.Headers["trace"] || len(r.Headers) != 4 {
 			t.Errorf("record %s headers %v", id, r.Headers)
 		}
 		// One key, one topic, one partition: the publish order.
