@@ -4,7 +4,9 @@
 // ([github.com/twmb/franz-go/pkg/kgo]), awaits every acknowledgement, and
 // returns one outcome per message. A message is settled done only once
 // Kafka has acknowledged its record (acks=all, idempotent producer); a
-// produce error is an outcome error, retried with the relay's backoff.
+// produce error, or no acknowledgement within Config.AckTimeout
+// ([ErrAckTimeout]), is an outcome error, retried with the relay's backoff
+// and dead-lettered after its MaxAttempts.
 //
 // Delivery into Kafka is at least once: a relay that dies after Kafka
 // acknowledged a record and before the outcome was written produces the

@@ -3,6 +3,8 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,11 +16,6 @@ import (
 	"github.com/oncommit/oncommit/forward/kafka"
 	"github.com/oncommit/oncommit/outbox"
 )
-
-// deliveryTimeout is the kgo.RecordDeliveryTimeout of the fault tests'
-// clients: kgo's smallest, so that a backlog, a delay and an outage are
-// each longer than it.
-const deliveryTimeout = time.Second
 
 // down makes the cluster close the connection of every request while it
 // is set, as an unreachable broker would.
@@ -52,7 +49,8 @@ func (c *createdAt) wrap(h outbox.BatchHandler) outbox.BatchHandler {
 	}
 }
 
-// TestLateRecordsArrive: with kgo.RecordDeliveryTimeout set, a message
+// TestLateRecordsArrive: with kgo.RecordDeliveryTimeout set (env's
+// client), and an ack timeout shorter than the outage, a message
 // that reaches the forwarder later than that after it was published (a
 // backlog built up while Kafka was unreachable for longer than the
 // timeout, a message delayed past it) is produced, not timed out on every
@@ -61,9 +59,8 @@ func (c *createdAt) wrap(h outbox.BatchHandler) outbox.BatchHandler {
 func TestLateRecordsArrive(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "orders")
-	e.client = e.newClient(t, kgo.RecordDeliveryTimeout(deliveryTimeout))
 	down := e.down()
-	f := e.forwarder(t, kafka.Config{})
+	f := e.forwarder(t, kafka.Config{AckTimeout: 2 * deliveryTimeout})
 	var seen createdAt
 	e.relay(t, outbox.RelayConfig{RetryBase: 50 * time.Millisecond, RetryCap: 500 * time.Millisecond}, seen.wrap(f.Handler()))
 
@@ -103,6 +100,97 @@ func TestLateRecordsArrive(t *testing.T) {
 		want := seen.at[id].UTC().Format(time.RFC3339Nano)
 		if h, _ := header(r, kafka.CreatedAtHeader); h != want {
 			t.Errorf("message %s: %s %q, want its CreatedAt %q", id, kafka.CreatedAtHeader, h, want)
+		}
+	}
+}
+
+// stall leaves every produce request unanswered while it is set, as a
+// broker that takes requests and never answers would: kgo cannot fail a
+// record in such a request (it may have been written), whatever its
+// RecordDeliveryTimeout.
+func (e *env) stall() *atomic.Bool {
+	var stalled atomic.Bool
+	e.cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		return nil, nil, stalled.Load()
+	})
+	return &stalled
+}
+
+// logBuffer is an io.Writer for a logger, safe to read while it logs.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAckTimeoutStalledProduce: while Kafka takes produce requests and
+// never answers, each message fails after Config.AckTimeout with
+// ErrAckTimeout (its key's later message without being produced), the
+// relay logs it, counts an attempt and backs off, and dead-letters the
+// messages after MaxAttempts, instead of holding them processing with
+// their leases renewed.
+func TestAckTimeoutStalledProduce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "orders")
+	e.stall().Store(true)
+	f := e.forwarder(t, kafka.Config{AckTimeout: 300 * time.Millisecond})
+	var mu sync.Mutex
+	var outcomes []error
+	var logs logBuffer
+	e.relay(t, outbox.RelayConfig{MaxAttempts: 3, RetryBase: 20 * time.Millisecond, RetryCap: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func(ctx context.Context, ds []outbox.Delivery) []error {
+			errs := f.Handler()(ctx, ds)
+			mu.Lock()
+			outcomes = append(outcomes, errs...)
+			mu.Unlock()
+			return errs
+		})
+	e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders"})
+	waitFor(t, 30*time.Second, "the messages dead-lettered", func() bool {
+		return e.count(t, `state = 'dead' AND attempts = 3 AND last_error LIKE '%within the ack timeout%'`) == 3
+	})
+	mu.Lock()
+	for i, err := range outcomes {
+		if !errors.Is(err, kafka.ErrAckTimeout) {
+			t.Errorf("outcome %d: %v, want an error wrapping ErrAckTimeout", i, err)
+		}
+	}
+	mu.Unlock()
+	for _, line := range []string{`msg="outbox: handler failed; retrying"`, `msg="outbox: message failed its last attempt; dead-lettered"`} {
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("no log line %s in:\n%s", line, logs.String())
+		}
+	}
+}
+
+// TestNewConfigError: a nil client and a negative AckTimeout are
+// *ConfigError naming the field.
+func TestNewConfigError(t *testing.T) {
+	cl := fakeClient(t)
+	for _, tc := range []struct {
+		client *kgo.Client
+		cfg    kafka.Config
+		field  string
+	}{
+		{nil, kafka.Config{}, "client"},
+		{cl, kafka.Config{AckTimeout: -time.Second}, "AckTimeout"},
+	} {
+		var ce *kafka.ConfigError
+		if _, err := kafka.New(tc.client, tc.cfg); !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("New(%v, %+v): %v, want a *ConfigError for %s", tc.client, tc.cfg, err, tc.field)
 		}
 	}
 }

@@ -23,17 +23,23 @@ func fakeCluster(t *testing.T) *kfake.Cluster {
 	return c
 }
 
+// fakeClient returns a client with opts of a fresh fakeCluster, closed
+// when t ends.
+func fakeClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(fakeCluster(t).ListenAddrs()...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
 // TestNewRefusesManualFlushing: a client with kgo.ManualFlushing never
 // sends what the forwarder produces (it never flushes): New refuses it
 // rather than leave every batch waiting for its context.
 func TestNewRefusesManualFlushing(t *testing.T) {
-	c := fakeCluster(t)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ManualFlushing())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := kafka.New(cl, kafka.Config{}); err == nil {
+	if _, err := kafka.New(fakeClient(t, kgo.ManualFlushing()), kafka.Config{}); err == nil {
 		t.Fatal("New accepted a ManualFlushing client")
 	}
 }
@@ -43,14 +49,8 @@ func TestNewRefusesManualFlushing(t *testing.T) {
 // produced from Kafka's callbacks), so a panic in it reaches the relay's
 // recover instead of crashing the process.
 func TestTopicPanicOnHandlerGoroutine(t *testing.T) {
-	c := fakeCluster(t)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	var n atomic.Int64
-	f, err := kafka.New(cl, kafka.Config{Topic: func(string) string {
+	f, err := kafka.New(fakeClient(t), kafka.Config{Topic: func(string) string {
 		if n.Add(1) == 2 {
 			panic("mapping bug")
 		}

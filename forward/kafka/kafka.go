@@ -8,9 +8,21 @@ import (
 	"sync"
 	"time"
 
-	"github.com/oncommit/oncommit/outbox"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/oncommit/oncommit/internal/fwd"
+	"github.com/oncommit/oncommit/outbox"
 )
+
+// DefaultAckTimeout is Config.AckTimeout's default.
+const DefaultAckTimeout = 10 * time.Second
+
+// ErrAckTimeout is the outcome (wrapped) of a message whose record Kafka
+// did not acknowledge within Config.AckTimeout: it is retried, and the
+// record may still land, in which case its redelivery repeats its
+// oncommit-id. The same error as the other forwarders' (natsfwd,
+// rabbitmq).
+var ErrAckTimeout = fwd.ErrAckTimeout
 
 // Record headers the forwarder sets on every record; a message header of
 // the same name is replaced.
@@ -33,7 +45,23 @@ type Config struct {
 	// produced to. It must return a topic name; "" fails the message (and
 	// it is retried). Defaults to nil: the same name.
 	Topic func(outboxTopic string) string
+
+	// AckTimeout is how long a record waits for Kafka's acknowledgement,
+	// from when it is produced; a message without one by then fails with
+	// ErrAckTimeout (the relay counts an attempt and retries it with
+	// backoff), and the record is cancelled in the client where kgo still
+	// can. Keep it below the relay's Lease. Defaults to DefaultAckTimeout
+	// (10s).
+	AckTimeout time.Duration
 }
+
+// ConfigError reports an invalid [Config] field or argument of [New].
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "kafka: Config." + e.Field + " " + e.Reason }
 
 // Forwarder produces outbox messages to Kafka. Build it with [New] and
 // register [Forwarder.Handler] on a relay.
@@ -51,10 +79,16 @@ var ErrNotDurable = errors.New("kafka: the client must produce idempotently with
 // kgo's producer defaults for durability: idempotent writes and
 // RequiredAcks(kgo.AllISRAcks()); New returns an error wrapping
 // [ErrNotDurable] otherwise. The client stays the caller's: close it after
-// the relay has stopped.
+// the relay has stopped. An invalid cfg is a *[ConfigError].
 func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
-	if client == nil {
-		return nil, errors.New("kafka: client must not be nil")
+	switch {
+	case client == nil:
+		return nil, &ConfigError{Field: "client", Reason: "must not be nil"}
+	case cfg.AckTimeout < 0:
+		return nil, &ConfigError{Field: "AckTimeout", Reason: "must not be negative"}
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = DefaultAckTimeout
 	}
 	acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks)
 	if acks != kgo.AllISRAcks() {
@@ -76,9 +110,12 @@ func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
 // record's produce error as its message's outcome (nil once Kafka
 // acknowledged it). When a record fails, the later records of its key in
 // the batch are not produced and fail too: a key's later message never
-// reaches Kafka before an earlier one. When ctx ends first (the relay lost
-// a lease or is shutting down), the records not acknowledged yet get an
-// error wrapping ctx's: they are not settled done and are delivered again.
+// reaches Kafka before an earlier one. A record Kafka has not acknowledged
+// within Config.AckTimeout of its produce fails with an error wrapping
+// [ErrAckTimeout] (a failure like the others: its key's later records are
+// not produced). When ctx ends first (the relay lost a lease or is
+// shutting down), the records not acknowledged yet get an error wrapping
+// ctx's: they are not settled done and are delivered again.
 func (f *Forwarder) Handler() outbox.BatchHandler {
 	return func(ctx context.Context, ds []outbox.Delivery) []error {
 		if len(ds) == 0 {
@@ -129,15 +166,41 @@ type batch struct {
 }
 
 // produce produces the record of delivery i; once Kafka acknowledged it,
-// the next of its key; when it fails, fails the rest of its key.
+// the next of its key; when it fails or is not acknowledged within the ack
+// timeout, fails the rest of its key.
 func (b *batch) produce(i int) {
 	r, err := b.recs[i], b.recErrs[i]
 	if err != nil {
 		b.fail(i, err)
 		return
 	}
-	b.f.client.Produce(b.ctx, r, func(_ *kgo.Record, err error) {
+	// The record's context ends at the ack timeout: the outcome is the
+	// timeout whether or not kgo can still fail the record (it cannot once
+	// a request carrying it is unanswered), and kgo drops it where it can.
+	rctx, cancel := context.WithTimeoutCause(b.ctx, b.f.cfg.AckTimeout, ErrAckTimeout)
+	timedOut := func() error {
+		if context.Cause(rctx) != ErrAckTimeout {
+			return nil
+		}
+		return fmt.Errorf("kafka: produce to topic %q: %w (%v)", r.Topic, ErrAckTimeout, b.f.cfg.AckTimeout)
+	}
+	stop := context.AfterFunc(rctx, func() {
+		if err := timedOut(); err != nil {
+			b.fail(i, err)
+		}
+	})
+	b.f.client.Produce(rctx, r, func(_ *kgo.Record, err error) {
+		stop()
+		defer cancel()
 		if err != nil {
+			switch terr := timedOut(); {
+			case terr != nil:
+				err = terr // kgo reports the context's error
+			case rctx.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+				// kgo fails a partition's buffered records with the
+				// error of the first one it gives up on.
+				err = fmt.Errorf("kafka: produce to topic %q: failed with an earlier record of its partition: %w", r.Topic, err)
+			}
 			b.fail(i, err)
 			return
 		}

@@ -27,6 +27,11 @@ import (
 // No Kafka server exists here: every test runs against franz-go's
 // in-process cluster (kfake), which speaks the Kafka protocol.
 
+// deliveryTimeout is the kgo.RecordDeliveryTimeout of env's client, as a
+// deployment may set it: kgo's smallest, so that a backlog, a delay and an
+// outage in a test are each longer than it.
+const deliveryTimeout = time.Second
+
 // env is an outbox table on PostgreSQL and a kfake cluster.
 type env struct {
 	db      *sql.DB
@@ -61,7 +66,7 @@ func newEnvWith(t *testing.T, cfg outbox.Config, topics ...string) *env {
 	}
 	t.Cleanup(c.Close)
 	e.cluster = c
-	e.client = e.newClient(t)
+	e.client = e.newClient(t, kgo.RecordDeliveryTimeout(deliveryTimeout))
 	return e
 }
 
@@ -99,13 +104,16 @@ func (e *env) count(t *testing.T, where string) int {
 	return n
 }
 
-// relay runs a relay with h as the catch-all until the test ends (or stop).
+// relay runs a relay with h as the catch-all until the test ends (or stop),
+// logging warnings to the test's output unless cfg has a Logger.
 func (e *env) relay(t *testing.T, cfg outbox.RelayConfig, h outbox.BatchHandler) (stop func()) {
 	t.Helper()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 20 * time.Millisecond
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	r, err := e.ob.Relay(sqltx.FromDB(e.db), cfg)
 	if err != nil {
 		t.Fatal(err)
