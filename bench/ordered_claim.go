@@ -63,7 +63,7 @@ func claimBacklog(ctx context.Context, pool *pgxpool.Pool) {
 		if len(runs) == 0 {
 			check(fmt.Errorf("claim-1m: the claim of %s took nothing", b.ob.Table()))
 		}
-		_, err = d.SettleRuns(ctx, db, b.ob.Table(), outboxdriver.SettleParams{}, runs)
+		_, _, err = d.SettleRuns(ctx, db, b.ob.Table(), outboxdriver.SettleParams{}, runs)
 		check(err)
 		if keys := b.debt / per; keys > 0 {
 			seedOrdered(ctx, pool, b.ob, b.next, keys, per)

@@ -191,7 +191,9 @@ func (r *Relay) deliverBatch(lead *job) {
 	if len(ds) > 0 {
 		errs = r.callBatch(ctx, b.h, ds)
 	}
-	r.settleBatch(items, errs, start)
+	// The outcomes expire with the lease as renewed until the handler
+	// returned, not a lease counted from now.
+	r.settleBatch(items, errs, start, lead.b.leaseEnd(r.cfg.Lease))
 }
 
 // addItem appends m to items, and reports whether its headers decoded
@@ -209,9 +211,9 @@ func (r *Relay) addItem(items *[]batchItem, m *outboxdriver.Claimed, attempts in
 
 // settleBatch turns the outcomes of a batch's items (errs, by place in the
 // batch) into settlements: one per unordered message; one run outcome per
-// ordered head, which stops at its run's first message not done.
-func (r *Relay) settleBatch(items []batchItem, errs []error, start time.Time) {
-	expires := time.Now().Add(r.cfg.Lease)
+// ordered head, which stops at its run's first message not done. They
+// expire at expires, when the claim's leases lapse.
+func (r *Relay) settleBatch(items []batchItem, errs []error, start, expires time.Time) {
 	out := make([]queued, 0, len(items))
 	var run *outboxdriver.RunOutcome
 	stopped := false // run's key had a message not done

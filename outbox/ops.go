@@ -98,8 +98,10 @@ func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error
 		return 0, err
 	}
 	redrive := rd.Redrive
-	if od := o.orderedDialect(); od != nil {
-		redrive = od.RedriveOrdered // ordered messages re-enter their keys in order
+	if od, ok := o.d.(outboxdriver.OrderedDialect); ok {
+		// Ordered messages re-enter their keys in order, whether or not
+		// this Outbox orders: another one on the table may (as Act does).
+		redrive = od.RedriveOrdered
 	}
 	n, err := redrive(ctx, db, o.table, topic)
 	if err != nil {

@@ -3,10 +3,12 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/backoff"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
@@ -177,7 +179,6 @@ func (r *Relay) deliverOrdered(j *job) bool {
 		return true
 	}
 	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
-	expires := j.b.leaseEnd(r.cfg.Lease)
 	out := outboxdriver.RunOutcome{Head: head, Key: c.Key, Done: make([]outboxdriver.ID, 0, 1+len(c.Run))}
 	for i := -1; i < len(c.Run); i++ {
 		m, attempts := c, c.Attempts
@@ -199,7 +200,8 @@ func (r *Relay) deliverOrdered(j *job) bool {
 		out.Halt = out.Failed.Kind == outboxdriver.SettleDead && r.halts(m.Topic)
 		break
 	}
-	r.sendRun(queuedRun{out, expires})
+	// The lease as renewed during the run, read once the run is over.
+	r.sendRun(queuedRun{out, j.b.leaseEnd(r.cfg.Lease)})
 	return true
 }
 
@@ -270,37 +272,28 @@ func (r *Relay) startRuns(ctx context.Context) (stop func()) {
 // that arrive within settleLinger (no wait when no other handler is in
 // flight: see moreComing) and writes them with one SettleRuns (a
 // transaction of two statements). A failed write puts them back (unless
-// their lease has lapsed) and waits a backoff. At quit it writes what is
-// left, with up to finalAttempts attempts.
+// their lease has lapsed) and waits a backoff. Runs whose key row another
+// transaction holds (an open publish of the key) are put back without
+// counting as a failure and tried again after busyRetry, so that they delay
+// only their own key. At quit it writes what is left (see finalRuns).
 func (r *Relay) runSettleLoop(ctx context.Context, quit <-chan struct{}) {
 	o := r.ord
 	defer close(o.stopped)
-	failures := 0
+	failures, busy := 0, 0
 	for {
 		select {
 		case <-o.added:
 		case <-quit:
-			for attempt := 1; ; attempt++ {
-				batch := o.take(maxSettleBatch, true)
-				if len(batch) == 0 {
-					return
-				}
-				if r.settleRuns(ctx, batch) != nil {
-					if attempt >= finalAttempts {
-						r.droppedRuns("the last write at shutdown failed", batch)
-						return
-					}
-					o.mu.Lock()
-					o.runs = append(batch, o.runs...)
-					o.mu.Unlock()
-					time.Sleep(settleRetry.Delay(attempt))
-				}
-			}
+			r.finalRuns(ctx)
+			return
 		}
 		wait := settleLinger
-		if failures > 0 {
+		switch {
+		case failures > 0:
 			wait = settleRetry.Delay(failures)
-		} else if !o.moreComing(r.inflightCount()) {
+		case busy > 0:
+			wait = busyRetry.Delay(busy)
+		case !o.moreComing(r.inflightCount()):
 			wait = 0
 		}
 		if wait > 0 {
@@ -309,15 +302,23 @@ func (r *Relay) runSettleLoop(ctx context.Context, quit <-chan struct{}) {
 			case <-t.C:
 			case <-quit:
 				t.Stop()
+				r.finalRuns(ctx)
+				return
 			}
 		}
 		batch := o.take(maxSettleBatch, false)
 		if len(batch) > 0 {
-			if err := r.settleRuns(ctx, batch); err != nil {
+			held, err := r.settleRuns(ctx, batch)
+			switch {
+			case err != nil:
 				failures++
 				r.putBackRuns(batch)
-			} else {
+			case len(held) > 0:
 				failures = 0
+				busy++
+				r.putBackRuns(held)
+			default:
+				failures, busy = 0, 0
 			}
 		}
 		o.mu.Lock()
@@ -329,8 +330,61 @@ func (r *Relay) runSettleLoop(ctx context.Context, quit <-chan struct{}) {
 	}
 }
 
-// putBackRuns queues run outcomes whose write failed, unless their lease
-// has lapsed.
+// busyRetry spaces the writes of runs whose keys are held by open
+// transactions.
+var busyRetry = backoff.Policy{Base: 10 * time.Millisecond, Cap: 100 * time.Millisecond, Jitter: 0.5}
+
+// finalRunsWithin bounds the last writes of run outcomes at shutdown while
+// their keys are held by open transactions: Run returns within about
+// ShutdownGrace and this, whatever a publisher holds.
+const finalRunsWithin = 500 * time.Millisecond
+
+// finalRuns writes the run outcomes left at shutdown and refuses later
+// ones. A write that fails is tried again up to finalAttempts failures in
+// all (successful writes of other batches do not count); runs whose keys
+// stay held by open transactions are tried again until finalRunsWithin has
+// passed. What is left then is dropped, with a log line: those heads are
+// delivered again once their leases lapse.
+func (r *Relay) finalRuns(ctx context.Context) {
+	o := r.ord
+	deadline := time.Now().Add(finalRunsWithin)
+	failures, busy := 0, 0
+	for {
+		batch := o.take(maxSettleBatch, true)
+		if len(batch) == 0 {
+			return
+		}
+		held, err := r.settleRuns(ctx, batch)
+		switch {
+		case err != nil:
+			failures++
+			if failures >= finalAttempts {
+				r.droppedRuns("the last write at shutdown failed", append(batch, o.take(math.MaxInt, true)...))
+				return
+			}
+			o.putFront(batch)
+			time.Sleep(settleRetry.Delay(failures))
+		case len(held) > 0:
+			busy++
+			if time.Now().After(deadline) {
+				r.droppedRuns("their keys were held by open transactions at shutdown", append(held, o.take(math.MaxInt, true)...))
+				return
+			}
+			o.putFront(held)
+			time.Sleep(min(busyRetry.Delay(busy), time.Until(deadline)))
+		}
+	}
+}
+
+// putFront queues runs again ahead of those waiting.
+func (o *orderedRelay) putFront(runs []queuedRun) {
+	o.mu.Lock()
+	o.runs = append(runs, o.runs...)
+	o.mu.Unlock()
+}
+
+// putBackRuns queues run outcomes whose write failed or whose keys were
+// held, unless their lease has lapsed.
 func (r *Relay) putBackRuns(batch []queuedRun) {
 	now := time.Now()
 	var keep, lapsed []queuedRun
@@ -342,18 +396,16 @@ func (r *Relay) putBackRuns(batch []queuedRun) {
 		}
 	}
 	if len(lapsed) > 0 {
-		r.droppedRuns("their lease lapsed while their write kept failing", lapsed)
+		r.droppedRuns("their lease lapsed before their write could be made", lapsed)
 	}
 	if len(keep) > 0 {
-		o := r.ord
-		o.mu.Lock()
-		o.runs = append(keep, o.runs...)
-		o.mu.Unlock()
+		r.ord.putFront(keep)
 	}
 }
 
-// settleRuns writes batch with one SettleRuns.
-func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
+// settleRuns writes batch with one SettleRuns and returns the runs whose
+// keys were held by other transactions, not written.
+func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) (held []queuedRun, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	runs := make([]outboxdriver.RunOutcome, len(batch))
@@ -364,7 +416,7 @@ func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
 	if r.cfg.Observer != nil {
 		start = time.Now()
 	}
-	applied, err := r.ord.od.SettleRuns(ctx, r.db, r.ob.table, r.settleP, runs)
+	applied, busy, err := r.ord.od.SettleRuns(ctx, r.db, r.ob.table, r.settleP, runs)
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
 	} else if len(applied) > 0 {
@@ -373,8 +425,11 @@ func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) error {
 		// next poll, or a hot key would move one run per poll interval.
 		r.signal()
 	}
-	r.report(ctx, len(batch), nil, applied, false, start, err)
-	return err
+	for _, i := range busy {
+		held = append(held, batch[i])
+	}
+	r.report(ctx, len(batch)-len(held), nil, applied, false, start, err)
+	return held, err
 }
 
 // checkOrdered is the relay's start-up check of what ordering needs.

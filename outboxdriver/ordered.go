@@ -67,23 +67,39 @@ type OrderedDialect interface {
 	ClaimOrdered(ctx context.Context, db DB, t Table, p ClaimParams, runLimit int) (claimed []Claimed, done []Fence, err error)
 
 	// SettleRuns writes the outcomes of claimed runs in one transaction:
-	// it first locks the key rows of the runs (waiting for open publishes
-	// of those keys to commit), then, for each run whose head is still
-	// held (its Fence, state processing; a run whose head is not is left
-	// alone entirely): deletes its successes (marks them delivered with
-	// p.KeepDelivered), turns its failed message, if any, into the key's
-	// head again (pending after the delay, attempts + 1 for a run member)
-	// or dead, and when the key is left without a head (all succeeded, or
-	// dead under Continue), makes the next blocked message of the key
-	// pending. A head dead under Halt stays dead as the key's head: the
-	// key waits. It returns the head fences that applied. p.DiscardDead
-	// does not apply: dead ordered messages are kept.
-	SettleRuns(ctx context.Context, db DB, t Table, p SettleParams, runs []RunOutcome) ([]Fence, error)
+	// it first locks the key rows of the runs in key order, skipping a key
+	// row another transaction holds (an open publish of the key, another
+	// settle): the runs of such a key are neither written nor fenced off,
+	// but returned in busy (their indexes in runs) for the caller to write
+	// later, so that one open publishing transaction delays only its own
+	// key. Then, for each run whose key it locked and whose head still
+	// holds its Fence (state processing), checked on the head's newest row
+	// version in the write itself and held locked to commit (a run whose
+	// head does not is left alone entirely): it deletes its successes
+	// (marks them delivered with p.KeepDelivered), turns its failed
+	// message, if any, into the key's head again (pending after the delay,
+	// attempts + 1 for a run member) or dead, and when the key is left
+	// without a head (all succeeded, or dead under Continue), makes the
+	// next blocked message of the key pending. A head dead under Halt
+	// stays dead as the key's head: the key waits. It returns the head
+	// fences that applied. p.DiscardDead does not apply: dead ordered
+	// messages are kept. A dialect with one writer at a time (SQLite),
+	// where no other transaction can hold a key row, never returns busy.
+	SettleRuns(ctx context.Context, db DB, t Table, p SettleParams, runs []RunOutcome) (applied []Fence, busy []int, err error)
 
 	// RedriveOrdered is Redrive for a table with ordered messages: dead
 	// unordered messages become pending as in Redrive; dead ordered ones
-	// re-enter their keys at their places (blocked, and the first of a
-	// key without a head becomes pending), never all at once.
+	// re-enter their keys (blocked, and the first of a key without a head
+	// becomes pending), never all at once. Their place (docs/internals.md,
+	// invariant I5): a dead message that halts its key (the key's halted
+	// head) keeps its place at the front and becomes the key's head
+	// again; any other (dead under the Continue policy, or a skipped head)
+	// takes a new key_seq after every message of its key published before
+	// the redrive (last_seq grows by one for each), several of one key in
+	// their old order: a function of the key's messages and the redrive,
+	// never of how far a relay's run had got. It locks the keys of the
+	// messages it redrives before it changes them, and changes only
+	// messages of keys it locked.
 	RedriveOrdered(ctx context.Context, db DB, t Table, topic string) (int64, error)
 
 	// SkipHead skips the head of key when it is dead under Halt and, when

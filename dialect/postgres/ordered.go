@@ -466,17 +466,22 @@ func SettleRunsSQL(t outboxdriver.Table, keep bool) string {
 	// Rows by primary key, through an array (a TID-free probe per id, as
 	// the claim does with its ctids): joined to d, the planner guessed
 	// thousands of rows and hashed a sequential scan of the whole table.
-	done := `DELETE FROM ` + tbl + ` AS o WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND o.state IN ('processing', 'blocked')`
+	// Every write re-checks, on the row version it changes, the fence it
+	// relies on (I2 in docs/internals.md): the head still processing with
+	// the claimed attempts, a run member still blocked (its key row is
+	// locked, so nothing else moves it).
+	fenced := `(o.state = 'blocked' OR (o.state = 'processing' AND (o.id, o.attempts) IN (SELECT h_id, h_att FROM ok)))`
+	done := `DELETE FROM ` + tbl + ` AS o WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND ` + fenced
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL
-    WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND o.state IN ('processing', 'blocked')`
+    WHERE o.id = ANY (ARRAY(SELECT id FROM d)) AND ` + fenced
 	}
 	return `WITH r AS (
     SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::uuid[], $5::integer[], $6::float8[], $7::timestamptz[], $8::text[], $9::boolean[], $12::integer[])
         WITH ORDINALITY AS r(h_id, h_att, k, f_id, f_kind, f_delay, f_at, f_err, halt, n_done, n)),
 ok AS MATERIALIZED (
     SELECT r.* FROM r CROSS JOIN LATERAL (
-        SELECT 1 FROM ` + tbl + ` o WHERE o.id = r.h_id AND o.attempts = r.h_att AND o.state = 'processing' OFFSET 0) o),
+        SELECT 1 FROM ` + tbl + ` o WHERE o.id = r.h_id AND o.attempts = r.h_att AND o.state = 'processing' OFFSET 0 FOR UPDATE) o),
 d AS MATERIALIZED (
     SELECT x.id, ok.k FROM unnest($10::uuid[], $11::integer[]) AS x(id, n) JOIN ok ON ok.n = x.n),
 done AS (` + done + `),
@@ -489,7 +494,8 @@ failed AS (
                             ELSE greatest(now(), ok.f_at) END,
         settled_at   = CASE WHEN ok.f_kind = 1 OR ok.halt THEN NULL ELSE now() END,
         last_error   = ok.f_err
-    FROM ok WHERE o.id = ok.f_id AND ok.f_kind > 0 AND o.state IN ('processing', 'blocked')
+    FROM ok WHERE o.id = ok.f_id AND ok.f_kind > 0
+        AND CASE WHEN o.id = ok.h_id THEN o.state = 'processing' AND o.attempts = ok.h_att ELSE o.state = 'blocked' END
     RETURNING o.id),
 nxt AS MATERIALIZED (
     SELECT b.id FROM ok CROSS JOIN LATERAL (
@@ -533,10 +539,75 @@ func inTx(ctx context.Context, db outboxdriver.DB, f func(tx outboxdriver.DB) er
 	return tdb.InTx(ctx, f)
 }
 
-func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, error) {
+func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, []int, error) {
 	if len(runs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
+	keys := make([]string, len(runs))
+	for i := range runs {
+		keys[i] = runs[i].Key
+	}
+	var applied []outboxdriver.Fence
+	var busy []int
+	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
+		applied, busy = nil, nil
+		locked, err := lockFreeKeys(ctx, tx, t, keys)
+		if err != nil {
+			return err
+		}
+		mine := make([]outboxdriver.RunOutcome, 0, len(runs))
+		for i := range runs {
+			if locked[runs[i].Key] {
+				mine = append(mine, runs[i])
+			} else {
+				busy = append(busy, i)
+			}
+		}
+		if len(mine) == 0 {
+			return nil
+		}
+		q := settleRunsTexts.Get(t)[0]
+		if p.KeepDelivered {
+			q = settleRunsTexts.Get(t)[1]
+		}
+		applied, err = sqlbuild.Fences(ctx, tx, q, settleRunsArgs(mine)...)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return applied, busy, nil
+}
+
+// LockFreeKeysSQL is the first statement of SettleRuns: it locks the key
+// rows $1 (a sorted text[] literal) in key order, skipping those another
+// transaction holds (an open publish of the key, another settle), and
+// returns the keys it locked. The next statement, with a snapshot taken
+// after the locks, sees every message of those keys committed so far.
+func LockFreeKeysSQL(t outboxdriver.Table) string {
+	return `SELECT message_key FROM ` + keysTable(t) + ` WHERE message_key = ANY($1::text[]) ORDER BY message_key FOR UPDATE SKIP LOCKED`
+}
+
+// lockFreeKeys runs LockFreeKeysSQL and returns the keys it locked.
+func lockFreeKeys(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, keys []string) (map[string]bool, error) {
+	rows, err := tx.QueryDB(ctx, LockFreeKeysSQL(t), sortedKeys(keys))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	locked := make(map[string]bool, len(keys))
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		locked[k] = true
+	}
+	return locked, rows.Err()
+}
+
+// settleRunsArgs returns SettleRunsSQL's arguments for runs.
+func settleRunsArgs(runs []outboxdriver.RunOutcome) []any {
 	n := len(runs)
 	heads, keys := make([]outboxdriver.Fence, n), make([]string, n)
 	var doneIDs []string
@@ -555,7 +626,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 	failed := func(r *outboxdriver.RunOutcome) bool {
 		return r.Failed.Kind == outboxdriver.SettleRetry || r.Failed.Kind == outboxdriver.SettleDead
 	}
-	args := []any{hid, hatt, textArray(keys),
+	return []any{hid, hatt, textArray(keys),
 		el(func(r *outboxdriver.RunOutcome) (string, bool) { return r.Failed.ID.String(), failed(r) }),
 		el(func(r *outboxdriver.RunOutcome) (string, bool) {
 			switch {
@@ -578,23 +649,6 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 		arrayLiteral(len(doneRun), func(i int) (string, bool) { return strconv.Itoa(doneRun[i]), true }),
 		el(func(r *outboxdriver.RunOutcome) (string, bool) { return strconv.Itoa(len(r.Done)), true }),
 	}
-	q := settleRunsTexts.Get(t)[0]
-	if p.KeepDelivered {
-		q = settleRunsTexts.Get(t)[1]
-	}
-	var applied []outboxdriver.Fence
-	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
-		if err := exec(ctx, tx, lockKeys(t), sortedKeys(keys)); err != nil {
-			return err
-		}
-		var err error
-		applied, err = sqlbuild.Fences(ctx, tx, q, args...)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return applied, nil
 }
 
 // exec runs a statement and discards its rows.
@@ -609,43 +663,29 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 	return rows.Err()
 }
 
-// RedriveOrderedSQL returns the redrive of a table with ordered messages
-// ($1 the topic, "" for all), the second statement after the keys of the
-// dead ordered messages are locked. Dead unordered messages become pending.
-// Dead ordered ones become blocked again at their key_seq (live counts
-// them again; a redriven Halt head no longer halts its key), and for each
-// of their keys that has no head (pending or processing) and is not
-// halted by a head not redriven, the first of its blocked messages,
-// redriven or not, becomes pending. It returns how many it redrove.
-func RedriveOrderedSQL(t outboxdriver.Table) string {
-	return redriveOrdered(t, "($1 = '' OR topic = $1)", "($1 = '' OR o.topic = $1)")
-}
-
 // RedriveOrderedIDsSQL returns the redrive of the dead ordered messages
-// whose ids are $1 (a uuid[]), as RedriveOrderedSQL redrives those of a
-// topic (after their keys are locked): the ordered part of an operator's
-// redrive by filter (Act). It returns how many it redrove.
+// whose ids are $1 (a uuid[]), the second statement of a transaction that
+// has locked their keys (lockKeys), re-checking that each is still dead.
+// Each re-enters its key at the place outboxdriver.OrderedDialect's
+// RedriveOrdered gives (I5): the key's halted head keeps its key_seq and
+// stops halting the key; any other takes a new key_seq after the key's
+// last_seq, in its old order among those redriven with it, and counts in
+// live again. For each key left without a head (pending or processing)
+// and not halted by a head not redriven, the first of its blocked
+// messages, redriven or not, becomes pending. It returns how many it
+// redrove. The messages are locked first and read on their newest
+// versions (FOR UPDATE), so one deleted or changed meanwhile (an operator's
+// delete, a purge) is neither redriven nor counted.
 func RedriveOrderedIDsSQL(t outboxdriver.Table) string {
-	return redriveOrdered(t, "", "o.id = ANY($1::uuid[])")
-}
-
-// redriveOrdered builds the redrive of dead ordered messages matching
-// dead (a condition on o.), and of dead unordered ones matching un (on
-// unprefixed columns) unless un is empty.
-func redriveOrdered(t outboxdriver.Table, un, dead string) string {
 	tbl, keys := QuoteTable(t), keysTable(t)
-	unCTE, unCount := "", "0"
-	if un != "" {
-		unCTE = `un AS (
-    UPDATE ` + tbl + ` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
-    WHERE state = 'dead' AND key_seq IS NULL AND ` + un + ` RETURNING 1),
-`
-		unCount = "(SELECT count(*) FROM un)"
-	}
-	return `WITH ` + unCTE + `dead AS MATERIALIZED (
-    SELECT o.id, o.message_key AS k, o.key_seq, o.key_seq IS NOT DISTINCT FROM ks.halted_seq AS halted
-    FROM ` + tbl + ` o JOIN ` + keys + ` ks ON ks.message_key = o.message_key
-    WHERE o.state = 'dead' AND o.key_seq IS NOT NULL AND ` + dead + `),
+	return `WITH locked AS MATERIALIZED (
+    SELECT o.id, o.message_key, o.key_seq FROM ` + tbl + ` o
+    WHERE o.state = 'dead' AND o.key_seq IS NOT NULL AND o.id = ANY($1::uuid[]) FOR UPDATE),
+dead AS MATERIALIZED (
+    SELECT o.id, o.message_key AS k, o.key_seq IS NOT DISTINCT FROM ks.halted_seq AS halted,
+        CASE WHEN o.key_seq IS NOT DISTINCT FROM ks.halted_seq THEN o.key_seq
+             ELSE ks.last_seq + row_number() OVER (PARTITION BY o.message_key, o.key_seq IS NOT DISTINCT FROM ks.halted_seq ORDER BY o.key_seq) END AS seq
+    FROM locked o JOIN ` + keys + ` ks ON ks.message_key = o.message_key),
 kstate AS MATERIALIZED (
     SELECT ks.message_key AS k,
         ks.halted_seq IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dead WHERE dead.k = ks.message_key AND dead.halted) AS halted,
@@ -653,39 +693,51 @@ kstate AS MATERIALIZED (
     FROM ` + keys + ` ks WHERE ks.message_key IN (SELECT k FROM dead)),
 first AS MATERIALIZED (
     SELECT DISTINCT ON (c.k) c.k, c.id FROM (
-        SELECT dead.k, dead.id, dead.key_seq FROM dead
+        SELECT dead.k, dead.id, dead.seq FROM dead
         UNION ALL
         SELECT o.message_key, o.id, o.key_seq FROM ` + tbl + ` o
         WHERE o.message_key IN (SELECT k FROM dead) AND o.key_seq IS NOT NULL AND o.state = 'blocked') c
     JOIN kstate s ON s.k = c.k
     WHERE NOT s.has_head AND NOT s.halted
-    ORDER BY c.k, c.key_seq),
+    ORDER BY c.k, c.seq),
 rd AS (
     UPDATE ` + tbl + ` AS o SET state = CASE WHEN o.id IN (SELECT id FROM first) THEN 'pending' ELSE 'blocked' END,
-        attempts_base = o.attempts, available_at = now(), settled_at = NULL, last_error = NULL
-    FROM dead WHERE o.id = dead.id RETURNING 1),
+        key_seq = dead.seq, attempts_base = o.attempts, available_at = now(), settled_at = NULL, last_error = NULL
+    FROM dead WHERE o.id = dead.id AND o.state = 'dead' RETURNING 1),
 pr AS (
     UPDATE ` + tbl + ` AS o SET state = 'pending' FROM first WHERE o.id = first.id AND o.state = 'blocked' RETURNING 1),
 kk AS (
-    UPDATE ` + keys + ` AS ks SET live = ks.live + x.n, halted_seq = CASE WHEN x.unhalt THEN NULL ELSE ks.halted_seq END
+    UPDATE ` + keys + ` AS ks SET live = ks.live + x.n, last_seq = ks.last_seq + x.n,
+        halted_seq = CASE WHEN x.unhalt THEN NULL ELSE ks.halted_seq END
     FROM (SELECT dead.k, count(*) FILTER (WHERE NOT dead.halted) AS n, bool_or(dead.halted) AS unhalt FROM dead GROUP BY dead.k) x
     WHERE ks.message_key = x.k RETURNING 1)
-SELECT ` + unCount + ` + (SELECT count(*) FROM rd) + 0 * (SELECT count(*) FROM pr) + 0 * (SELECT count(*) FROM kk)`
+SELECT (SELECT count(*) FROM rd) + 0 * (SELECT count(*) FROM pr) + 0 * (SELECT count(*) FROM kk)`
 }
 
+// RedriveUnorderedSQL returns the redrive of the dead unordered messages
+// of table t ($1 the topic, "" for all): they become pending, due now, with
+// fresh attempts. It returns how many it redrove.
+func RedriveUnorderedSQL(t outboxdriver.Table) string {
+	// attempts stays: (id, attempts) fences one claim and must never repeat.
+	return `WITH r AS (UPDATE ` + QuoteTable(t) + ` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
+    WHERE state = 'dead' AND key_seq IS NULL AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`
+}
+
+// RedriveOrdered redrives the dead unordered messages of topic with one
+// statement, then its dead ordered ones in batches of up to
+// sqlbuild.InspectBatch, each one transaction that locks the batch's keys
+// and redrives only the messages it picked (RedriveOrderedIDsSQL): a
+// message that dies after the pick, its key not locked, waits for the next
+// redrive.
 func (*dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
-	var n int64
-	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
-		err := exec(ctx, tx, `SELECT 1 FROM `+keysTable(t)+` WHERE message_key IN (
-    SELECT message_key FROM `+QuoteTable(t)+` WHERE state = 'dead' AND key_seq IS NOT NULL AND ($1 = '' OR topic = $1))
-ORDER BY message_key FOR UPDATE`, topic)
-		if err != nil {
-			return err
-		}
-		n, err = sqlbuild.CountRows(ctx, tx, RedriveOrderedSQL(t), topic)
-		return err
+	n, err := sqlbuild.CountRows(ctx, db, RedriveUnorderedSQL(t), topic)
+	if err != nil {
+		return 0, err
+	}
+	m, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
+		return redriveOrderedBatch(ctx, db, t, outboxdriver.Filter{Topic: topic})
 	})
-	return n, err
+	return n + m, err
 }
 
 // SkipHeadSQL returns the skip of key $1's head dead under Halt (after
@@ -698,7 +750,7 @@ func SkipHeadSQL(t outboxdriver.Table) string {
 	tbl, keys := QuoteTable(t), keysTable(t)
 	return `WITH h AS MATERIALIZED (
     SELECT o.id FROM ` + keys + ` ks JOIN ` + tbl + ` o ON o.message_key = ks.message_key AND o.key_seq = ks.halted_seq
-    WHERE ks.message_key = $1 AND o.state = 'dead' AND ($2 = '' OR o.id::text = $2)),
+    WHERE ks.message_key = $1 AND o.state = 'dead' AND ($2 = '' OR o.id::text = $2) FOR UPDATE OF o),
 nxt AS MATERIALIZED (
     SELECT o.id FROM ` + tbl + ` o
     WHERE o.message_key = $1 AND o.key_seq IS NOT NULL AND o.state = 'blocked' AND EXISTS (SELECT 1 FROM h)

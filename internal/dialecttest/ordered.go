@@ -36,13 +36,14 @@ var orderedCases = []envCase{
 	{"OrderedRedriveDeleteActions", orderedRedriveDeleteActions},
 	{"OrderedContinue", orderedContinue},
 	{"OrderedStats", orderedStats},
-	{"OrderedSettleWaitsForPublisher", orderedSettleWaitsForPublisher},
+	{"OrderedSettleSkipsHeldKey", orderedSettleSkipsHeldKey},
 	{"OrderedSpentHead", orderedSpentHead},
 	{"OrderedClaimAllTopics", orderedClaimAllTopics},
 	{"OrderedBatchRun", orderedBatchRun},
 	{"OrderedBatchMixedHandlers", orderedBatchMixedHandlers},
 	{"OrderedBatchSize", orderedBatchSize},
 	{"OrderedClaimCarriesDone", orderedClaimCarriesDone},
+	{"OrderedInterleavings", orderedInterleavings},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
@@ -263,9 +264,12 @@ func (e *env) claimOrdered(t *testing.T, limit, run int, lease time.Duration, do
 
 func (e *env) settleRuns(t *testing.T, runs ...outboxdriver.RunOutcome) []outboxdriver.Fence {
 	t.Helper()
-	applied, err := e.od(t).SettleRuns(context.Background(), e.DB, e.ob.Table(), outboxdriver.SettleParams{}, runs)
+	applied, busy, err := e.od(t).SettleRuns(context.Background(), e.DB, e.ob.Table(), outboxdriver.SettleParams{}, runs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(busy) > 0 {
+		t.Fatalf("runs %v not written: their keys are held", busy)
 	}
 	return applied
 }
@@ -652,15 +656,17 @@ func orderedStats(t *testing.T, e *env) {
 	}
 }
 
-// orderedSettleWaitsForPublisher: the settle of a key's run waits for an
-// open transaction that publishes for the key, and then promotes the
-// message that transaction stored (settling without waiting would not see
-// it, leaving it blocked behind no head).
-func orderedSettleWaitsForPublisher(t *testing.T, e *env) {
+// orderedSettleSkipsHeldKey (I6): while an open transaction that published
+// for key K holds K's key row, a settle of runs of K and J writes J's run
+// at once and returns K's as busy, untouched (settling K without the lock
+// would not see the message that transaction stored, leaving it blocked
+// behind no head); once the transaction commits, K's run is written and
+// the new message promoted. With one writer at a time (SQLite), where the
+// open transaction holds the database, the settle waits for it instead.
+func orderedSettleSkipsHeldKey(t *testing.T, e *env) {
 	ctx := context.Background()
-	h := e.publish(t, outbox.Message{Topic: "x", Key: "K"})
-	cs := e.claimOrdered(t, 10, 10, time.Minute)
-	if len(cs) != 1 || cs[0].ID != h[0].ID {
+	h := resIDs(e.publish(t, outbox.Message{Topic: "x", Key: "K"}, outbox.Message{Topic: "x", Key: "J"}))
+	if cs := e.claimOrdered(t, 10, 10, time.Minute); len(cs) != 2 {
 		t.Fatalf("claimed %v", cs)
 	}
 	tx := e.Begin(t)
@@ -668,27 +674,52 @@ func orderedSettleWaitsForPublisher(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	settled := make(chan []outboxdriver.Fence, 1)
+	runs := []outboxdriver.RunOutcome{
+		{Head: outboxdriver.Fence{ID: h[0], Attempts: 1}, Key: "K", Done: []outbox.ID{h[0]}},
+		{Head: outboxdriver.Fence{ID: h[1], Attempts: 1}, Key: "J", Done: []outbox.ID{h[1]}},
+	}
+	type result struct {
+		applied []outboxdriver.Fence
+		busy    []int
+	}
+	settled := make(chan result, 1)
 	go func() {
-		applied, err := e.od(t).SettleRuns(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{},
-			[]outboxdriver.RunOutcome{{Head: outboxdriver.Fence{ID: h[0].ID, Attempts: 1}, Key: "K", Done: []outbox.ID{h[0].ID}}})
+		applied, busy, err := e.od(t).SettleRuns(ctx, e.DB, e.ob.Table(), outboxdriver.SettleParams{}, runs)
 		if err != nil {
 			t.Error(err)
 		}
-		settled <- applied
+		settled <- result{applied, busy}
 	}()
+	oneWriter := e.ob.Dialect().Name() == "sqlite"
 	select {
-	case <-settled:
-		t.Fatal("the settle did not wait for the open publish of its key")
-	case <-time.After(300 * time.Millisecond):
+	case res := <-settled:
+		if oneWriter {
+			t.Fatal("the settle did not wait for the open transaction")
+		}
+		if len(res.applied) != 1 || res.applied[0].ID != h[1] || !slices.Equal(res.busy, []int{0}) {
+			t.Fatalf("applied %v busy %v, want J's run applied and K's (0) busy", res.applied, res.busy)
+		}
+		if got := e.states(t, h[0], h[1]); got != "processing gone" {
+			t.Fatalf("states %q: K's run was touched while its key was held", got)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if applied := e.settleRuns(t, runs[0]); len(applied) != 1 {
+			t.Fatalf("K's run after the commit: applied %v", applied)
+		}
+	case <-time.After(2 * time.Second):
+		if !oneWriter {
+			t.Fatal("the settle waited for the open publish of one of its keys")
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if res := <-settled; len(res.applied) != 2 || len(res.busy) != 0 {
+			t.Fatalf("applied %v busy %v", res.applied, res.busy)
+		}
 	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if applied := <-settled; len(applied) != 1 {
-		t.Fatalf("applied %v", applied)
-	}
-	if got := e.states(t, h[0].ID, m.ID); got != "gone pending" {
+	if got := e.states(t, h[0], h[1], m.ID); got != "gone gone pending" {
 		t.Errorf("states %q, want the published message promoted", got)
 	}
 }
