@@ -44,6 +44,10 @@ var orderedCases = []envCase{
 	{"OrderedBatchSize", orderedBatchSize},
 	{"OrderedClaimCarriesDone", orderedClaimCarriesDone},
 	{"OrderedInterleavings", orderedInterleavings},
+	{"OrderedRedriveRacesDeath", orderedRedriveRacesDeath},
+	{"OrderedPlainRedrive", orderedPlainRedrive},
+	{"OrderedRedrivePlace", orderedRedrivePlace},
+	{"OrderedHeldKeyLiveness", orderedHeldKeyLiveness},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
