@@ -435,7 +435,7 @@ func lockKeys(t outboxdriver.Table) string {
 }
 
 // SettleRunsSQL returns the settle of runs (the second statement of
-// SettleRuns, after lockKeys). One element per run: $1 head ids, $2 head
+// SettleRuns, after LockFreeKeysSQL). One element per run: $1 head ids, $2 head
 // attempts, $3 keys, $4 failed ids (NULL for none), $5 failed kinds (0
 // none, 1 retry, 2 dead), $6 retry delays in seconds, $7 retry times, $8
 // errors, $9 halt, $12 how many successes; and one per success: $10 ids
