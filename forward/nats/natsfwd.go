@@ -69,11 +69,22 @@ func (e *ConfigError) Error() string { return "natsfwd: Config." + e.Field + " "
 // [New] and register its [Forwarder.Handler] on a relay. It is safe for
 // concurrent use: the relay runs several batches at once.
 type Forwarder struct {
-	js  jetstream.JetStream
+	js  jetstream.JetStream // the caller's: Check's stream lookups
+	pub jetstream.JetStream // the forwarder's own: its publishes
 	cfg Config
 }
 
-// New returns a forwarder that publishes through js, or a *[ConfigError].
+// New returns a forwarder that publishes on js's connection, or a
+// *[ConfigError].
+//
+// It publishes through a JetStream context of its own on that connection
+// (jetstream.New(js.Conn(), jetstream.WithPublishAsyncTimeout(AckTimeout))),
+// whose pending PubAcks expire after Config.AckTimeout: a PubAck that
+// never comes frees its slot, so lost acks cannot pile up to nats.go's cap
+// of unanswered publishes (jetstream.WithPublishAsyncMaxPending, 4,000)
+// and stall every later publish. The options of js's own publisher (its
+// cap, timeout and callbacks) do not apply to the forwarder's publishes,
+// and js's pending publishes are left alone.
 func New(js jetstream.JetStream, cfg Config) (*Forwarder, error) {
 	if js == nil {
 		return nil, &ConfigError{Field: "js", Reason: "must not be nil"}
@@ -106,7 +117,15 @@ func New(js jetstream.JetStream, cfg Config) (*Forwarder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Forwarder{js: js, cfg: cfg}, nil
+	nc := js.Conn()
+	if nc == nil {
+		return nil, &ConfigError{Field: "js", Reason: "has no connection"}
+	}
+	pub, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("natsfwd: %w", err)
+	}
+	return &Forwarder{js: js, pub: pub, cfg: cfg}, nil
 }
 
 // Handler returns the batch handler to register on a relay, for one topic
@@ -139,7 +158,7 @@ func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
 			m.Header[k] = []string{v}
 		}
 		m.Header[jetstream.MsgIDHeader] = []string{d.ID.String()}
-		paf, err := f.js.PublishMsgAsync(m)
+		paf, err := f.pub.PublishMsgAsync(m)
 		if err != nil {
 			if errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrMaxPayload) {
 				return nil, outbox.DeadLetter(fmt.Errorf("natsfwd: publish on %q: %w", m.Subject, err))
@@ -151,6 +170,9 @@ func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
 			case <-paf.Ok():
 				return nil
 			case err := <-paf.Err():
+				if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+					err = ErrAckTimeout // the context's own timer, which is AckTimeout too
+				}
 				return fmt.Errorf("natsfwd: publish on %q: %w", m.Subject, err)
 			case <-timeout:
 				return fmt.Errorf("natsfwd: publish on %q: %w", m.Subject, ErrAckTimeout)

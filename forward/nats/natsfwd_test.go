@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -263,9 +264,66 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 	var ce *natsfwd.ConfigError
-	if _, err := natsfwd.New(nil, natsfwd.Config{}); !errors.As(err, &ce) {
-		t.Errorf("nil JetStream: err %v, want a *ConfigError", err)
+	if _, err := natsfwd.New(nil, natsfwd.Config{}); !errors.As(err, &ce) || ce.Field != "js" {
+		t.Errorf("nil JetStream: err %v, want a *ConfigError for js", err)
+	}
+	if _, err := natsfwd.New(fakeJS{}, natsfwd.Config{}); !errors.As(err, &ce) || ce.Field != "js" {
+		t.Errorf("JetStream without a connection: err %v, want a *ConfigError for js", err)
 	}
 }
 
+// fakeJS is a JetStream with no connection.
 type fakeJS struct{ jetstream.JetStream }
+
+func (fakeJS) Conn() *nats.Conn { return nil }
+
+// TestLostAcks: 4,000 publishes whose PubAck never comes (their subject
+// has a plain subscriber and no stream, so the server neither stores nor
+// answers them; 4,000 is nats.go's default cap of unanswered publishes)
+// time out; after them the same forwarder still publishes to a healthy
+// stream. A forwarder that kept the futures of the publishes it gave up
+// on would be stalled at the cap for good (jetstream.ErrTooManyStalledMsgs).
+func TestLostAcks(t *testing.T) {
+	x := setup(t, false)
+	nc, _ := connect(t, natsURL(t))
+	sink := x.subj("")[:len(x.subj(""))-1] + "_SINK" // outside the stream's subjects
+	sub, err := nc.Subscribe(sink, func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f := forwarder(t, x.js, func(topic string) string {
+		if topic == "lost" {
+			return sink
+		}
+		return x.subj(topic)
+	}, natsfwd.Config{Window: 1000, AckTimeout: time.Second})
+	h := f.Handler()
+	deliveries := func(topic string, n int) []outbox.Delivery {
+		ds := make([]outbox.Delivery, n)
+		for i := range ds {
+			ds[i] = outbox.Delivery{ID: outbox.NewID(), Topic: topic, Payload: fmt.Appendf(nil, `{"n":%d}`, i), Attempt: 1, CreatedAt: time.Now()}
+		}
+		return ds
+	}
+	ctx := context.Background()
+	for range 4 {
+		for i, err := range h(ctx, deliveries("lost", 1000)) {
+			if !errors.Is(err, natsfwd.ErrAckTimeout) {
+				t.Fatalf("lost publish %d: outcome %v, want ErrAckTimeout", i, err)
+			}
+		}
+	}
+	ok := deliveries("orders", 10)
+	ids := make([]outbox.ID, len(ok))
+	for i, err := range h(ctx, ok) {
+		if err != nil {
+			t.Errorf("publish %d to the healthy stream after 4,000 lost acks: %v", i, err)
+		}
+		ids[i] = ok[i].ID
+	}
+	checkOnce(t, read(t, x.s), ids)
+}
