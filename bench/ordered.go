@@ -75,7 +75,7 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	// -cases keeps some of them (by id, comma-separated), for an A/B of one;
 	// claim-1m (ordered_claim.go), publish-wal and publish-cpu
-	// (ordered_wal.go) run only when named.
+	// (ordered_wal.go) and held-key (ordered_held.go) run only when named.
 	cases := strings.Split(*drainCases, ",")
 	if slices.Contains(cases, "claim-1m") {
 		claimBacklog(ctx, pool)
@@ -85,6 +85,9 @@ func orderedBench(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	if slices.Contains(cases, "publish-cpu") {
 		publishCPU(ctx, pool)
+	}
+	if slices.Contains(cases, "held-key") {
+		heldKeyBench(ctx, pool)
 	}
 	var scenarios []scenario
 	for _, sc := range all {
