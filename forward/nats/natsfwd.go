@@ -53,7 +53,8 @@ type Config struct {
 	Lease    time.Duration
 	RetryCap time.Duration
 
-	// Logger receives Check's warnings. Defaults to slog.Default().
+	// Logger receives Check's warnings and a line per message header
+	// dropped (see [Forwarder.Handler]). Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -69,9 +70,10 @@ func (e *ConfigError) Error() string { return "natsfwd: Config." + e.Field + " "
 // [New] and register its [Forwarder.Handler] on a relay. It is safe for
 // concurrent use: the relay runs several batches at once.
 type Forwarder struct {
-	js  jetstream.JetStream // the caller's: Check's stream lookups
-	pub jetstream.JetStream // the forwarder's own: its publishes
-	cfg Config
+	js      jetstream.JetStream // the caller's: Check's stream lookups
+	pub     jetstream.JetStream // the forwarder's own: its publishes
+	cfg     Config
+	headers fwd.Headers
 }
 
 // New returns a forwarder that publishes on js's connection, or a
@@ -125,21 +127,35 @@ func New(js jetstream.JetStream, cfg Config) (*Forwarder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsfwd: %w", err)
 	}
-	return &Forwarder{js: js, pub: pub, cfg: cfg}, nil
+	f := &Forwarder{js: js, pub: pub, cfg: cfg}
+	f.headers = fwd.Headers{Reserved: reserved, Logger: cfg.Logger,
+		Msg: "natsfwd: dropped a message header in the Nats- namespace, which JetStream acts on; later drops of this name are logged at debug level"}
+	return f, nil
 }
+
+// reserved reports whether the forwarder drops a message header of this
+// name (see [Forwarder.Handler]). Nats-Msg-Id is the forwarder's own.
+func reserved(name string) bool { return fwd.HasPrefixFold(name, "Nats-") }
 
 // Handler returns the batch handler to register on a relay, for one topic
 // or for all of them (outbox.AllTopics).
 //
 // It publishes the batch asynchronously, at most Config.Window publishes
 // awaiting their PubAck at once, each with Nats-Msg-Id set to the
-// message's id and the message's headers, and returns once every publish
-// has its answer: a message is done only when JetStream acknowledged it
-// (a PubAck that reports a duplicate included: the stream has it). An
-// error, a missing PubAck after Config.AckTimeout, or the relay's
-// shutdown are retries. A subject NATS refuses (empty, or with spaces) and
-// a message over the server's maximum payload are dead-lettered: retrying
-// cannot help.
+// message's id and with the message's headers, and returns once every
+// publish has its answer: a message is done only when JetStream
+// acknowledged it (a PubAck that reports a duplicate included: the stream
+// has it). An error, a missing PubAck after Config.AckTimeout, or the
+// relay's shutdown are retries. A subject NATS refuses (empty, or with
+// spaces) and a message over the server's maximum payload are
+// dead-lettered: retrying cannot help.
+//
+// Headers whose names start with "Nats-" (in any case) are dropped: the
+// server reserves that namespace and acts on its names (Nats-Rollup
+// purges the subject, Nats-Expected-* make the publish fail, Nats-TTL
+// expires the message), and message data must not control the stream. A
+// drop is logged on Config.Logger, at warning level the first time a name
+// is dropped and at debug level after that.
 //
 // Messages with a Key go out one at a time per key: the next one of a key
 // is published only after the previous one's PubAck, and after a failure
@@ -155,7 +171,9 @@ func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
 		d := &ds[i]
 		m := &nats.Msg{Subject: f.cfg.Subject(*d), Data: d.Payload, Header: make(nats.Header, len(d.Headers)+1)}
 		for k, v := range d.Headers {
-			m.Header[k] = []string{v}
+			if f.headers.Keep(ctx, d, k) {
+				m.Header[k] = []string{v}
+			}
 		}
 		m.Header[jetstream.MsgIDHeader] = []string{d.ID.String()}
 		paf, err := f.pub.PublishMsgAsync(m)

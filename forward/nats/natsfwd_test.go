@@ -327,3 +327,65 @@ func TestLostAcks(t *testing.T) {
 	}
 	checkOnce(t, read(t, x.s), ids)
 }
+
+// TestBrokerHeaders: message headers in the server's Nats- namespace
+// never reach JetStream: a Nats-Rollup does not purge the subject, a
+// Nats-Expected-Stream naming another stream does not fail the publish,
+// a forged Nats-Msg-Id (in any case) does not replace the message's id,
+// and none of them is stored. Each dropped name is warned about once;
+// other headers pass.
+func TestBrokerHeaders(t *testing.T) {
+	t.Parallel()
+	url := natsURL(t)
+	env := fwdtest.New(t, false)
+	_, js := connect(t, url)
+	s, subj := streamWith(t, js, func(c *jetstream.StreamConfig) { c.AllowRollup = true })
+	var log fwdtest.Log
+	f := forwarder(t, js, subj, natsfwd.Config{Logger: log.Logger()})
+	relay := outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}
+	drain := func(msgs ...outbox.Message) []outbox.ID {
+		ids := env.Publish(t, msgs...)
+		stop := fwdtest.Run(t, env.Relay(t, relay, "orders", f.Handler()))
+		env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["pending"]+m["processing"] == 0 })
+		stop()
+		if m := env.Rows(t); len(m) != 0 {
+			t.Errorf("the table holds %v, want every message delivered", m)
+		}
+		return ids
+	}
+	msg := func(n int, h map[string]string) outbox.Message {
+		m := fwdtest.Messages("orders", 1, 0)[0]
+		m.Headers["n"] = fmt.Sprint(n)
+		for k, v := range h {
+			m.Headers[k] = v
+		}
+		return m
+	}
+	first := drain(msg(0, nil)) // on the subject before a rollup
+	ids := append(first, drain(
+		msg(1, map[string]string{"Nats-Rollup": "sub", "Nats-TTL": "1s", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}),
+		msg(2, map[string]string{"Nats-Expected-Stream": "NOT_THIS_ONE", "Nats-Expected-Last-Sequence": "999", "nats-msg-id": "forged", "NATS-TTL": "1s"}),
+		msg(3, map[string]string{"Nats-TTL": "1s"}),
+	)...)
+	got := read(t, s)
+	checkOnce(t, got, ids)
+	for _, m := range got {
+		for k := range m.header {
+			if strings.HasPrefix(strings.ToLower(k), "nats-") && k != jetstream.MsgIDHeader {
+				t.Errorf("message n=%s carries header %s=%q on the stream", m.header.Get("n"), k, m.header[k])
+			}
+		}
+		if m.header.Get("n") == "1" && m.header.Get("traceparent") == "" {
+			t.Errorf("message n=1 lost its traceparent header: %v", m.header)
+		}
+	}
+	out := log.String()
+	for _, name := range []string{"Nats-Rollup", "Nats-TTL", "Nats-Expected-Stream", "Nats-Expected-Last-Sequence", "nats-msg-id", "NATS-TTL"} {
+		if n := strings.Count(out, "header="+name+" "); n != 1 {
+			t.Errorf("%d warnings about header %s, want 1 (log %q)", n, name, out)
+		}
+	}
+	if n := strings.Count(out, "level=WARN"); n != 6 {
+		t.Errorf("%d warnings, want 6, one per dropped name (log %q)", n, out)
+	}
+}

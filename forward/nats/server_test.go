@@ -62,15 +62,24 @@ func connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
-// stream creates a stream of its own, subjects "<name>.>", removed when t
-// ends, and returns it with the subject mapping of the forwarder.
+// stream creates a stream of its own, subjects "<name>.>", duplicate
+// window dup (the server's default when 0), removed when t ends, and
+// returns it with the subject mapping of the forwarder.
 func stream(t testing.TB, js jetstream.JetStream, dup time.Duration) (jetstream.Stream, func(topic string) string) {
+	t.Helper()
+	return streamWith(t, js, func(c *jetstream.StreamConfig) { c.Duplicates = dup })
+}
+
+// streamWith is stream with the configuration edit makes.
+func streamWith(t testing.TB, js jetstream.JetStream, edit func(*jetstream.StreamConfig)) (jetstream.Stream, func(topic string) string) {
 	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	name := "OCFWD_" + hex.EncodeToString(b[:])
 	ctx := context.Background()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Duplicates: dup, Storage: jetstream.FileStorage})
+	cfg := jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage}
+	edit(&cfg)
+	s, err := js.CreateStream(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +81,8 @@ type Config struct {
 	// other defaults (10s heartbeats).
 	Dial func(url string) (*amqp.Connection, error)
 
-	// Logger receives a line per reconnect. Defaults to slog.Default().
+	// Logger receives a line per reconnect and per message header
+	// dropped (see [Forwarder.Handler]). Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -97,8 +99,9 @@ func (e *ConfigError) Error() string { return "rabbitmq: Config." + e.Field + " 
 // after the relay stopped. It is safe for concurrent use: the relay runs
 // several batches at once, each on a channel of its own.
 type Forwarder struct {
-	url string
-	cfg Config
+	url     string
+	cfg     Config
+	headers fwd.Headers
 
 	mu    sync.Mutex
 	conn  *amqp.Connection // nil or closed: dialled on the next batch
@@ -145,7 +148,16 @@ func New(url string, cfg Config) (*Forwarder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Forwarder{url: url, cfg: cfg}, nil
+	f := &Forwarder{url: url, cfg: cfg}
+	f.headers = fwd.Headers{Reserved: reserved, Logger: cfg.Logger,
+		Msg: "rabbitmq: dropped a message header that RabbitMQ acts on (CC, BCC or an x- name); later drops of this name are logged at debug level"}
+	return f, nil
+}
+
+// reserved reports whether the forwarder drops a message header of this
+// name (see [Forwarder.Handler]).
+func reserved(name string) bool {
+	return strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC") || fwd.HasPrefixFold(name, "x-")
 }
 
 // Close closes the connection. A batch after Close dials again.
@@ -218,13 +230,22 @@ func (f *Forwarder) give(c *channel) {
 // Config.Window publishes awaiting their confirm at once, each
 // persistent (delivery mode 2) and mandatory, with message-id = the
 // message's id, type = its topic, timestamp = its creation time and its
-// headers, and returns once every publish has its answer. A message is
-// done only when the broker confirmed it and did not return it. A message
-// returned as unroutable is retried (or dead with
+// headers (but those below), and returns once every publish has its
+// answer. A message is done only when the broker confirmed it and did not
+// return it. A message returned as unroutable is retried (or dead with
 // Config.DeadLetterUnroutable); a nack, a missing confirm after
 // Config.ConfirmTimeout, a lost channel or connection (whose unconfirmed
 // publishes are then all retried; the next batch connects again), and the
 // relay's shutdown are retries.
+//
+// Headers RabbitMQ acts on are dropped: CC and BCC (extra routing keys)
+// and every name starting with "x-" (the broker's namespace, which it and
+// its plugins read: x-delay, x-death, x-stream-filter-value, ...), in any
+// case, so that message data cannot route, delay or otherwise steer the
+// broker. A drop is logged on Config.Logger, at warning level the first
+// time a name is dropped and at debug level after that. The x- rule also
+// drops application headers written the HTTP way (X-Request-Id): give
+// them names without the prefix.
 //
 // Messages with a Key go out one at a time per key, as in natsfwd: the
 // next one of a key is published after the previous one's confirm, and
@@ -274,11 +295,14 @@ func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
 			Timestamp:    d.CreatedAt,
 			Body:         d.Payload,
 		}
-		if len(d.Headers) > 0 {
-			msg.Headers = make(amqp.Table, len(d.Headers))
-			for k, v := range d.Headers {
-				msg.Headers[k] = v
+		for k, v := range d.Headers {
+			if !f.headers.Keep(ctx, d, k) {
+				continue
 			}
+			if msg.Headers == nil {
+				msg.Headers = make(amqp.Table, len(d.Headers))
+			}
+			msg.Headers[k] = v
 		}
 		dc, err := c.ch.PublishWithDeferredConfirm(f.cfg.Exchange, key, true, false, msg)
 		if err != nil {

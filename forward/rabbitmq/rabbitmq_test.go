@@ -322,3 +322,60 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokerHeaders: message headers RabbitMQ acts on never reach it: CC
+// and BCC (extra routing keys; a string value, which is all a message
+// header can be, makes the broker refuse the publish) and the x- names
+// (the broker's and its plugins': x-delay, x-death, ...), in any case.
+// The message is delivered without them; each dropped name is warned
+// about once; other headers pass.
+func TestBrokerHeaders(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	env := fwdtest.New(t, false)
+	var log fwdtest.Log
+	f := b.forwarder(t, "", rabbitmq.Config{Logger: log.Logger()})
+	msg := func(h map[string]string) outbox.Message {
+		m := fwdtest.Messages("orders", 1, 0)[0]
+		for k, v := range h {
+			m.Headers[k] = v
+		}
+		return m
+	}
+	ids := env.Publish(t,
+		msg(map[string]string{"CC": "mail", "x-delay": "60000", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}),
+		msg(map[string]string{"BCC": "mail", "x-death": "forged", "X-Request-Id": "r-1"}),
+		msg(map[string]string{"cc": "mail", "x-delay": "60000", "X-Stream-Filter-Value": "a"}),
+	)
+	stop := fwdtest.Run(t, env.Relay(t, outbox.RelayConfig{MaxAttempts: 2, RetryBase: 50 * time.Millisecond, RetryCap: 50 * time.Millisecond}, "orders", f.Handler()))
+	env.WaitRows(t, time.Minute, func(m map[string]int) bool { return m["pending"]+m["processing"] == 0 })
+	stop()
+	if m := env.Rows(t); len(m) != 0 {
+		t.Errorf("the table holds %v, want every message delivered", m)
+	}
+	got := b.read(t)
+	for id, n := range count(t, got, ids) {
+		if n != 1 {
+			t.Errorf("message %s is in the queue %d times, want 1 (CC or BCC routed it again)", id, n)
+		}
+	}
+	for _, m := range got {
+		for k := range m.Headers {
+			if l := strings.ToLower(k); l == "cc" || l == "bcc" || strings.HasPrefix(l, "x-") {
+				t.Errorf("message %s carries header %s=%v in the queue", m.MessageId, k, m.Headers[k])
+			}
+		}
+		if m.Headers["n"] == nil {
+			t.Errorf("message %s lost its header n: %v", m.MessageId, m.Headers)
+		}
+	}
+	out := log.String()
+	for _, name := range []string{"CC", "BCC", "cc", "x-delay", "x-death", "X-Request-Id", "X-Stream-Filter-Value"} {
+		if n := strings.Count(out, "header="+name+" "); n != 1 {
+			t.Errorf("%d warnings about header %s, want 1 (log %q)", n, name, out)
+		}
+	}
+	if n := strings.Count(out, "level=WARN"); n != 7 {
+		t.Errorf("%d warnings, want 7, one per dropped name (log %q)", n, out)
+	}
+}
