@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -106,64 +107,140 @@ func TestForward(t *testing.T) {
 	}
 }
 
+// setting is how a fault test connects, makes its stream and configures
+// the forwarder.
+type setting struct {
+	opts []nats.Option  // the connection's options
+	dup  time.Duration  // the stream's duplicate window; 0: the server's (2 min)
+	cfg  natsfwd.Config // Subject is set by the test
+}
+
+// settings are the defaults, and the settings docs/forwarding.md
+// recommends ("Recommended settings") for the relay of the fault tests
+// (fwdtest.OutageRelay: 5 s leases, 1 s retry cap): a connection that
+// reconnects for good, a duplicate window longer than the lease plus the
+// retry cap, which Check confirms, and an AckTimeout below the lease.
+var settings = []fwdtest.Setting[setting]{
+	{Name: "defaults"},
+	{Name: "recommended", C: setting{
+		opts: []nats.Option{nats.MaxReconnects(-1)},
+		dup:  15 * time.Minute,
+		cfg:  natsfwd.Config{AckTimeout: 2 * time.Second, Lease: fwdtest.OutageRelay().Lease, RetryCap: fwdtest.OutageRelay().RetryCap},
+	}},
+}
+
+// forwarder returns a forwarder of this setting on js with subject
+// mapping subj; with a duplicate window set, it checks that Check finds
+// the stream's window long enough.
+func (s setting) forwarder(t testing.TB, js jetstream.JetStream, subj func(string) string) *natsfwd.Forwarder {
+	t.Helper()
+	var log fwdtest.Log
+	cfg := s.cfg
+	cfg.Logger = log.Logger()
+	f := forwarder(t, js, subj, cfg)
+	if s.dup > 0 {
+		if err := f.Check(context.Background(), "orders"); err != nil || log.String() != "" {
+			t.Fatalf("Check: %v, log %q; want neither", err, log.String())
+		}
+	}
+	return f
+}
+
 // TestKilledAfterAck: a relay killed after JetStream acknowledged its
 // messages and before it wrote their outcomes; the next relay delivers
 // them again and JetStream drops the second copies (Nats-Msg-Id).
 func TestKilledAfterAck(t *testing.T) {
-	x := setup(t, false)
-	env, js, s, subj, url := x.env, x.js, x.s, x.subj, natsURL(t)
-	const n = 20
-	ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[setting]) {
+		url := natsURL(t)
+		env := fwdtest.New(t, false)
+		_, js := dial(t, url, set.C.opts...)
+		s, subj := stream(t, js, set.C.dup)
+		const n = 20
+		ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
 
-	acked := env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_NATSFWD_URL="+url, "OC_NATSFWD_STREAM="+subj(""))
-	if got := read(t, s); len(got) != n {
-		t.Fatalf("after the child's acks the stream holds %d messages, want %d", len(got), n)
-	}
-	if m := env.Rows(t); m["processing"] != n {
-		t.Fatalf("after the kill the table holds %v, want %d processing (no outcome written)", m, n)
-	}
-
-	f := forwarder(t, js, subj, natsfwd.Config{})
-	var again atomic.Int64
-	h := f.Handler()
-	r := env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", func(ctx context.Context, ds []outbox.Delivery) []error {
-		for _, d := range ds {
-			if d.Attempt >= 2 {
-				again.Add(1)
-			}
+		acked := env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_NATSFWD_URL="+url, "OC_NATSFWD_STREAM="+subj(""), "OC_NATSFWD_SETTING="+set.Name)
+		if got := read(t, s); len(got) != n {
+			t.Fatalf("after the child's acks the stream holds %d messages, want %d", len(got), n)
 		}
-		return h(ctx, ds)
+		if m := env.Rows(t); m["processing"] != n {
+			t.Fatalf("after the kill the table holds %v, want %d processing (no outcome written)", m, n)
+		}
+
+		h := set.C.forwarder(t, js, subj).Handler()
+		var again atomic.Int64
+		r := env.Relay(t, outbox.RelayConfig{Lease: time.Second}, "orders", func(ctx context.Context, ds []outbox.Delivery) []error {
+			for _, d := range ds {
+				if d.Attempt >= 2 {
+					again.Add(1)
+				}
+			}
+			return h(ctx, ds)
+		})
+		stop := fwdtest.Run(t, r)
+		env.WaitEmpty(t, time.Minute)
+		stop()
+		if again.Load() != n {
+			t.Errorf("%d redeliveries after the kill, want %d (acked by the child: %d)", again.Load(), n, len(acked))
+		}
+		checkOnce(t, read(t, s), ids)
 	})
-	stop := fwdtest.Run(t, r)
-	env.WaitEmpty(t, time.Minute)
-	stop()
-	if again.Load() != n {
-		t.Errorf("%d redeliveries after the kill, want %d (acked by the child: %d)", again.Load(), n, len(acked))
-	}
-	checkOnce(t, read(t, s), ids)
 }
 
 // TestHelperKilledAfterAck is the child process of TestKilledAfterAck.
 func TestHelperKilledAfterAck(t *testing.T) {
 	fwdtest.IsChild(t)
-	_, js := connect(t, os.Getenv("OC_NATSFWD_URL"))
+	set := fwdtest.Named(t, settings, os.Getenv("OC_NATSFWD_SETTING")).C
+	_, js := dial(t, os.Getenv("OC_NATSFWD_URL"), set.opts...)
 	prefix := os.Getenv("OC_NATSFWD_STREAM")
-	f := forwarder(t, js, func(topic string) string { return prefix + topic }, natsfwd.Config{})
-	fwdtest.Child(t, f.Handler())
+	fwdtest.Child(t, set.forwarder(t, js, func(topic string) string { return prefix + topic }).Handler())
 }
 
 // TestServerDown: the NATS server stops for 10 s while messages are
 // published and forwarded. Nothing is lost, nothing is stored twice, and
 // no message is reported done while the server is down.
 func TestServerDown(t *testing.T) {
-	t.Parallel()
-	srv := ownServer(t)
-	env := fwdtest.New(t, false)
-	_, js := connect(t, srv.url())
-	s, subj := stream(t, js, 10*time.Minute)
-	f := forwarder(t, js, subj, natsfwd.Config{AckTimeout: 2 * time.Second})
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[setting]) {
+		srv := ownServer(t)
+		env := fwdtest.New(t, false)
+		_, js := dial(t, srv.url(), set.C.opts...)
+		s, subj := stream(t, js, set.C.dup)
+		f := set.C.forwarder(t, js, subj)
+		ids := env.Outage(t, f.Handler(), fwdtest.Fault{Down: srv.stop, Up: srv.start, Grace: 2 * time.Second})
+		checkOnce(t, read(t, s), ids)
+	})
+}
 
-	ids := env.Outage(t, f.Handler(), 2*time.Second, srv.stop, srv.start)
+// TestConnectionCut: every connection to the server is cut, and new ones
+// refused, for 10 s while messages are published and forwarded.
+// TestConnectionStall: every connection stays open but passes nothing
+// for 15 s (longer than the default AckTimeout). In both nothing is lost,
+// nothing is stored twice, and no message is reported done while the
+// server is out of reach.
+func TestConnectionCut(t *testing.T) {
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[setting]) { proxied(t, set.C, (*fwdtest.Proxy).CutFault) })
+}
+
+func TestConnectionStall(t *testing.T) {
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[setting]) { proxied(t, set.C, (*fwdtest.Proxy).StallFault) })
+}
+
+// proxied runs an outage (fwdtest.Outage) on a connection through a
+// fault proxy in front of the shared server, with the fault fault makes.
+func proxied(t *testing.T, set setting, fault func(*fwdtest.Proxy) fwdtest.Fault) {
+	url := natsURL(t)
+	env := fwdtest.New(t, false)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := fwdtest.NewProxy(t, u.Host)
+	// The streams are made on a direct connection: the proxied one may be
+	// away when the test ends.
+	_, direct := connect(t, url)
+	s, subj := stream(t, direct, set.dup)
+	_, js := dial(t, "nats://"+p.Addr(), set.opts...)
+	f := set.forwarder(t, js, subj)
+	ids := env.Outage(t, f.Handler(), fault(p))
 	checkOnce(t, read(t, s), ids)
 }
 

@@ -50,7 +50,14 @@ func natsURL(t testing.TB) string {
 // JetStream, closed when t ends.
 func connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.Timeout(2*time.Second))
+	return dial(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.Timeout(2*time.Second))
+}
+
+// dial returns a connection to url with opts (and nats.go's defaults
+// for the rest), and its JetStream, closed when t ends.
+func dial(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,8 +28,8 @@ var (
 	// ErrNacked: the broker refused the message (a negative confirm, or
 	// the channel closed before its confirm). It is retried.
 	ErrNacked = errors.New("rabbitmq: the broker did not confirm the message")
-	// ErrConfirmTimeout: no confirm came within Config.ConfirmTimeout. It
-	// is retried.
+	// ErrConfirmTimeout: no confirm came within Config.ConfirmTimeout, or
+	// no channel opened within it. It is retried.
 	ErrConfirmTimeout = fwd.ErrAckTimeout
 	// ErrKeyFailed: the message was not published because an earlier
 	// message of its key in the same batch failed. It is retried.
@@ -66,8 +66,10 @@ type Config struct {
 	// once. Defaults to DefaultWindow (256).
 	Window int
 
-	// ConfirmTimeout is how long a publish waits for its confirm; one
-	// without by then is retried. Defaults to DefaultConfirmTimeout (10s).
+	// ConfirmTimeout is how long a publish waits for its confirm (one
+	// without by then is retried), and how long a batch waits for a
+	// channel to open (see [Forwarder.Handler]). Defaults to
+	// DefaultConfirmTimeout (10s).
 	ConfirmTimeout time.Duration
 
 	// DeadLetterUnroutable dead-letters a message the broker returned as
@@ -102,6 +104,8 @@ type Forwarder struct {
 	url     string
 	cfg     Config
 	headers fwd.Headers
+
+	opening chan struct{} // held (one value) by the batch that opens a channel
 
 	mu    sync.Mutex
 	conn  *amqp.Connection // nil or closed: dialled on the next batch
@@ -148,7 +152,7 @@ func New(url string, cfg Config) (*Forwarder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	f := &Forwarder{url: url, cfg: cfg}
+	f := &Forwarder{url: url, cfg: cfg, opening: make(chan struct{}, 1)}
 	f.headers = fwd.Headers{Reserved: reserved, Logger: cfg.Logger,
 		Msg: "rabbitmq: dropped a message header that RabbitMQ acts on (CC, BCC or an x- name); later drops of this name are logged at debug level"}
 	return f, nil
@@ -160,7 +164,8 @@ func reserved(name string) bool {
 	return strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC") || fwd.HasPrefixFold(name, "x-")
 }
 
-// Close closes the connection. A batch after Close dials again.
+// Close closes the connection, waiting for the broker's answer at most
+// Config.ConfirmTimeout. A batch after Close dials again.
 func (f *Forwarder) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -168,14 +173,55 @@ func (f *Forwarder) Close() error {
 	if f.conn == nil || f.conn.IsClosed() {
 		return nil
 	}
-	err := f.conn.Close()
+	err := f.conn.CloseDeadline(time.Now().Add(f.cfg.ConfirmTimeout))
 	f.conn = nil
 	return err
 }
 
-// take returns an idle channel, opening the connection and the channel
-// when needed.
-func (f *Forwarder) take() (*channel, error) {
+// take returns an idle channel, or opens one (and the connection when
+// needed). One batch at a time opens; the others wait for it at most
+// Config.ConfirmTimeout, or until ctx ends, and never under f.mu, so that
+// a broker that does not answer holds up no batch longer than that (the
+// one that dials waits at most the dial's own timeout).
+func (f *Forwarder) take(ctx context.Context) (*channel, error) {
+	if c := f.idle(); c != nil {
+		return c, nil
+	}
+	timer := time.NewTimer(f.cfg.ConfirmTimeout)
+	defer timer.Stop()
+	select {
+	case f.opening <- struct{}{}:
+		defer func() { <-f.opening }()
+	case <-timer.C:
+		return nil, fmt.Errorf("rabbitmq: open channel: %w", ErrConfirmTimeout)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("rabbitmq: open channel: %w", ctx.Err())
+	}
+	if c := f.idle(); c != nil { // given back while this batch waited
+		return c, nil
+	}
+	f.mu.Lock()
+	conn := f.conn
+	f.mu.Unlock()
+	if conn == nil {
+		var err error
+		if conn, err = f.cfg.Dial(f.url); err != nil {
+			return nil, fmt.Errorf("rabbitmq: connect: %w", err)
+		}
+		f.mu.Lock()
+		f.conn = conn
+		f.dials++
+		dials := f.dials
+		f.mu.Unlock()
+		if dials > 1 {
+			f.cfg.Logger.Info("rabbitmq: reconnected", "dials", dials)
+		}
+	}
+	return f.open(ctx, conn)
+}
+
+// idle returns an idle channel of the connection, or nil.
+func (f *Forwarder) idle() *channel {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.conn != nil && f.conn.IsClosed() {
@@ -185,33 +231,55 @@ func (f *Forwarder) take() (*channel, error) {
 		c := f.free[len(f.free)-1]
 		f.free = f.free[:len(f.free)-1]
 		if !c.ch.IsClosed() && c.conn == f.conn {
-			return c, nil
+			return c
 		}
 	}
-	if f.conn == nil {
-		conn, err := f.cfg.Dial(f.url)
-		if err != nil {
-			return nil, fmt.Errorf("rabbitmq: connect: %w", err)
+	return nil
+}
+
+// open opens a channel of conn in confirm mode. amqp091 awaits the
+// broker's answers to that without a timeout, and a stalled connection
+// never sends them: when they do not come within Config.ConfirmTimeout, or
+// ctx ends first, open closes the connection, which ends the wait (the
+// next batch dials again).
+func (f *Forwarder) open(ctx context.Context, conn *amqp.Connection) (*channel, error) {
+	var (
+		mu      sync.Mutex
+		settled bool  // abandon ran
+		cause   error // why conn was closed, if it was
+	)
+	abandon := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !settled {
+			settled, cause = true, err
+			if err != nil {
+				_ = conn.CloseDeadline(time.Now())
+			}
 		}
-		f.dials++
-		if f.dials > 1 {
-			f.cfg.Logger.Info("rabbitmq: reconnected", "dials", f.dials)
-		}
-		f.conn = conn
 	}
-	ch, err := f.conn.Channel()
+	timer := time.AfterFunc(f.cfg.ConfirmTimeout, func() { abandon(ErrConfirmTimeout) })
+	stop := context.AfterFunc(ctx, func() { abandon(ctx.Err()) })
+	ch, err := conn.Channel()
+	if err == nil {
+		if err = ch.Confirm(false); err != nil {
+			_ = ch.Close()
+			err = fmt.Errorf("confirm mode: %w", err)
+		}
+	}
+	timer.Stop()
+	stop()
+	abandon(nil) // after an abandon under way; none after this one
+	if cause != nil {
+		return nil, fmt.Errorf("rabbitmq: open channel: %w", cause)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		return nil, fmt.Errorf("rabbitmq: confirm mode: %w", err)
 	}
 	// Room for a return per unconfirmed publish: the library drops a
 	// return it cannot hand over within 5 s, and a dropped return would
 	// let an unroutable message pass for done.
-	c := &channel{ch: ch, conn: f.conn, returns: ch.NotifyReturn(make(chan amqp.Return, f.cfg.Window+1))}
-	return c, nil
+	return &channel{ch: ch, conn: conn, returns: ch.NotifyReturn(make(chan amqp.Return, f.cfg.Window+1))}, nil
 }
 
 // give puts c back for the next batch, unless it closed meanwhile.
@@ -238,6 +306,12 @@ func (f *Forwarder) give(c *channel) {
 // publishes are then all retried; the next batch connects again), and the
 // relay's shutdown are retries.
 //
+// One batch at a time opens a channel (dialling the connection when it is
+// down); the others wait for it at most Config.ConfirmTimeout, or until
+// their context ends. A channel the broker does not open within
+// Config.ConfirmTimeout (a stalled connection) fails the batch and closes
+// the connection; the next batch dials again.
+//
 // Headers RabbitMQ acts on are dropped: CC and BCC (extra routing keys)
 // and every name starting with "x-" (the broker's namespace, which it and
 // its plugins read: x-delay, x-death, x-stream-filter-value, ...), in any
@@ -256,7 +330,7 @@ func (f *Forwarder) Handler() outbox.BatchHandler {
 }
 
 func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
-	c, err := f.take()
+	c, err := f.take(ctx)
 	if err != nil {
 		out := make([]error, len(ds))
 		for i := range out {

@@ -1,6 +1,7 @@
 package rabbitmq_test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -182,30 +183,41 @@ func TestForward(t *testing.T) {
 	}
 }
 
+// settings are the defaults, and the settings docs/forwarding.md
+// recommends ("Recommended settings") for the relay of the fault tests
+// (fwdtest.OutageRelay: 5 s leases): a ConfirmTimeout below the lease.
+var settings = []fwdtest.Setting[rabbitmq.Config]{
+	{Name: "defaults"},
+	{Name: "recommended", C: rabbitmq.Config{ConfirmTimeout: 2 * time.Second}},
+}
+
 // TestKilledAfterAck: a relay killed after the broker confirmed its
 // messages and before it wrote their outcomes; the next relay publishes
 // them again with the same message-id, which consumers deduplicate on.
 func TestKilledAfterAck(t *testing.T) {
-	t.Parallel()
-	b := newBroker(t)
-	env := fwdtest.New(t, false)
-	const n = 20
-	ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
-	env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_RABBITFWD_URL="+b.url, "OC_RABBITFWD_EXCHANGE="+b.exchange)
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[rabbitmq.Config]) {
+		b := newBroker(t)
+		env := fwdtest.New(t, false)
+		const n = 20
+		ids := env.Publish(t, fwdtest.Messages("orders", n, 0)...)
+		env.Kill(t, "TestHelperKilledAfterAck", n, time.Minute, "OC_RABBITFWD_URL="+b.url, "OC_RABBITFWD_EXCHANGE="+b.exchange, "OC_RABBITFWD_SETTING="+set.Name)
 
-	f := b.forwarder(t, "", rabbitmq.Config{})
-	env.Drain(t, outbox.RelayConfig{Lease: time.Second}, "orders", f.Handler(), time.Minute)
-	for id, k := range count(t, b.read(t), ids) {
-		if k != 2 {
-			t.Errorf("message-id %s is in the queue %d times, want 2 (before the kill and after)", id, k)
+		f := b.forwarder(t, "", set.C)
+		env.Drain(t, outbox.RelayConfig{Lease: time.Second}, "orders", f.Handler(), time.Minute)
+		for id, k := range count(t, b.read(t), ids) {
+			if k != 2 {
+				t.Errorf("message-id %s is in the queue %d times, want 2 (before the kill and after)", id, k)
+			}
 		}
-	}
+	})
 }
 
 // TestHelperKilledAfterAck is the child process of TestKilledAfterAck.
 func TestHelperKilledAfterAck(t *testing.T) {
 	fwdtest.IsChild(t)
-	f, err := rabbitmq.New(os.Getenv("OC_RABBITFWD_URL"), rabbitmq.Config{Exchange: os.Getenv("OC_RABBITFWD_EXCHANGE")})
+	cfg := fwdtest.Named(t, settings, os.Getenv("OC_RABBITFWD_SETTING")).C
+	cfg.Exchange = os.Getenv("OC_RABBITFWD_EXCHANGE")
+	f, err := rabbitmq.New(os.Getenv("OC_RABBITFWD_URL"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,20 +225,99 @@ func TestHelperKilledAfterAck(t *testing.T) {
 }
 
 // TestConnectionCut: every connection to the broker is cut, and new ones
-// refused, for 10 s while messages are published and forwarded. Nothing
-// is lost, and no message is reported done while the broker is cut off.
+// refused, for 10 s while messages are published and forwarded.
+// TestConnectionStall: every connection stays open but passes nothing
+// for 15 s (longer than the default ConfirmTimeout). In both nothing is
+// lost, and no message is reported done while the broker is out of
+// reach.
 func TestConnectionCut(t *testing.T) {
-	t.Parallel()
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[rabbitmq.Config]) { proxied(t, set.C, (*fwdtest.Proxy).CutFault) })
+}
+
+func TestConnectionStall(t *testing.T) {
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[rabbitmq.Config]) {
+		proxied(t, set.C, (*fwdtest.Proxy).StallFault)
+	})
+}
+
+// proxied runs an outage (fwdtest.Outage) on a connection through a
+// fault proxy, with the fault fault makes.
+func proxied(t *testing.T, cfg rabbitmq.Config, fault func(*fwdtest.Proxy) fwdtest.Fault) {
 	b := newBroker(t)
 	env := fwdtest.New(t, false)
 	p, url := b.proxy(t)
-	f := b.forwarder(t, url, rabbitmq.Config{ConfirmTimeout: 2 * time.Second})
-	ids := env.Outage(t, f.Handler(), 2*time.Second, p.Cut, p.Restore)
+	f := b.forwarder(t, url, cfg)
+	ids := env.Outage(t, f.Handler(), fault(p))
 	dup := 0
 	for _, k := range count(t, b.read(t), ids) {
 		dup += k - 1
 	}
 	t.Logf("%d second copies in the queue (same message-id)", dup)
+}
+
+// TestStallBounded: while the connection to the broker is stalled (open,
+// passing nothing, with heartbeats too far apart to notice), batches
+// return failed within about ConfirmTimeout, those that must open a
+// channel included, and so does Close; after the stall the forwarder
+// delivers again. (A batch that opened a channel under the forwarder's
+// lock held up every other batch until the heartbeats gave up on the
+// connection.)
+func TestStallBounded(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t)
+	p, url := b.proxy(t)
+	f := b.forwarder(t, url, rabbitmq.Config{ConfirmTimeout: time.Second, Dial: func(url string) (*amqp.Connection, error) {
+		return amqp.DialConfig(url, amqp.Config{Heartbeat: time.Minute, Dial: amqp.DefaultDial(2 * time.Second)})
+	}})
+	h := f.Handler()
+	batch := func(n int) []outbox.Delivery {
+		ds := make([]outbox.Delivery, n)
+		for i := range ds {
+			ds[i] = outbox.Delivery{ID: outbox.NewID(), Topic: "orders", Payload: []byte(`{}`), Attempt: 1, CreatedAt: time.Now()}
+		}
+		return ds
+	}
+	ctx := context.Background()
+	for _, err := range h(ctx, batch(1)) { // a connection with one idle channel
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Ample for a 1 s ConfirmTimeout, far short of the heartbeats' 90 s.
+	const bound = 30 * time.Second
+	p.Stall()
+	// Three batches at once: one takes the idle channel, two must open one.
+	results := make(chan []error, 3)
+	for range 3 {
+		go func() { results <- h(ctx, batch(5)) }()
+	}
+	for range 3 {
+		select {
+		case out := <-results:
+			for _, err := range out {
+				if err == nil {
+					t.Error("a message was done while the connection was stalled")
+				}
+			}
+		case <-time.After(bound):
+			t.Fatalf("a batch did not return within %v of the stall (ConfirmTimeout 1 s)", bound)
+		}
+	}
+	p.Restore()
+	for _, err := range h(ctx, batch(5)) {
+		if err != nil {
+			t.Errorf("after the stall: %v", err)
+		}
+	}
+	p.Stall()
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(bound):
+		t.Fatalf("Close did not return within %v of the stall (ConfirmTimeout 1 s)", bound)
+	}
+	p.Restore()
 }
 
 // TestUnroutable: a message no queue is bound for is returned by the

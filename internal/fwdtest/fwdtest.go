@@ -314,26 +314,80 @@ func (rc *Recorder) Outcomes() (doneAt []time.Time, errs []error) {
 	return append([]time.Time(nil), rc.doneAt...), append([]error(nil), rc.errs...)
 }
 
-// Outage runs a relay with h (retrying every 100 ms to 1 s, for ever, 5 s
-// leases) while 1,500 messages are published, 10 per transaction every
-// 100 ms; 3 s in it calls down, 10 s later up; then it waits until the
-// table is empty and returns the ids published. It fails t when a message
-// published while the broker was away was reported done before up (no
-// broker could have confirmed it: this check has no timing margin), when
-// any message was reported done between down's return plus grace (the
-// broker's last answers before it went away) and up, and when no outcome
-// failed (the outage was not felt).
-func (e *Env) Outage(t testing.TB, h BatchHandler, grace time.Duration, down, up func()) []outbox.ID {
+// Setting is a named configuration (of a client, a broker, a forwarder)
+// that a fault test runs under.
+type Setting[C any] struct {
+	Name string
+	C    C
+}
+
+// Under runs f once per setting, as parallel subtests of t, which it
+// makes parallel too.
+func Under[C any](t *testing.T, settings []Setting[C], f func(t *testing.T, s Setting[C])) {
+	t.Parallel()
+	for _, s := range settings {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, s)
+		})
+	}
+}
+
+// Named returns the setting called name (a child process of Kill gets the
+// name in its environment), or fails t.
+func Named[C any](t testing.TB, settings []Setting[C], name string) Setting[C] {
 	t.Helper()
+	for _, s := range settings {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no setting %q", name)
+	return Setting[C]{}
+}
+
+// OutageRelay returns the configuration of the relay Outage runs: it
+// retries every 100 ms to 1 s, for ever, on 5 s leases. A fault test's
+// forwarder settings that depend on the relay's (a duplicate window, a
+// timeout below the lease) are made for this one.
+func OutageRelay() outbox.RelayConfig {
+	return outbox.RelayConfig{RetryBase: 100 * time.Millisecond, RetryCap: time.Second, MaxAttempts: outbox.UnlimitedAttempts, Lease: 5 * time.Second}
+}
+
+// Fault is what Outage does to the broker.
+type Fault struct {
+	// Down takes the broker away (stops it, cuts or stalls the
+	// connections to it); Up brings it back For later (10 s when 0).
+	Down, Up func()
+	For      time.Duration
+	// Grace is how long after Down's return the broker's last answers
+	// may still be reported done.
+	Grace time.Duration
+}
+
+// Outage runs a relay (OutageRelay) with h while messages are published,
+// 10 per transaction every 100 ms, from the start until 2 s after Up: 3 s
+// in it calls f.Down, f.For later f.Up; then it waits until the table is
+// empty and returns the ids published. It fails t when a message
+// published while the broker was away was reported done before Up (no
+// broker could have confirmed it: this check has no timing margin), when
+// any message was reported done between Down's return plus f.Grace (the
+// broker's last answers before it went away) and Up, and when no outcome
+// failed (the outage was not felt).
+func (e *Env) Outage(t testing.TB, h BatchHandler, f Fault) []outbox.ID {
+	t.Helper()
+	if f.For == 0 {
+		f.For = 10 * time.Second
+	}
 	var rc Recorder
-	stop := Run(t, e.Relay(t, outbox.RelayConfig{RetryBase: 100 * time.Millisecond, RetryCap: time.Second, MaxAttempts: outbox.UnlimitedAttempts, Lease: 5 * time.Second},
-		"orders", rc.Wrap(h)))
+	stop := Run(t, e.Relay(t, OutageRelay(), "orders", rc.Wrap(h)))
 	var downFrom, downTo atomic.Int64 // unix nanoseconds, 0 until set
 	var ids, whileDown []outbox.ID
 	published := make(chan struct{})
+	batches := int((5*time.Second + f.For) / (100 * time.Millisecond))
 	go func() {
 		defer close(published)
-		for i := range 150 {
+		for i := range batches {
 			ms := Messages("orders", 10, 0)
 			for j := range ms {
 				ms[j].Headers["n"] = fmt.Sprint(i*10 + j)
@@ -348,12 +402,12 @@ func (e *Env) Outage(t testing.TB, h BatchHandler, grace time.Duration, down, up
 		}
 	}()
 	time.Sleep(3 * time.Second)
-	down()
+	f.Down()
 	downFrom.Store(time.Now().UnixNano())
-	time.Sleep(10 * time.Second)
+	time.Sleep(f.For)
 	upAt := time.Now()
 	downTo.Store(upAt.UnixNano())
-	up()
+	f.Up()
 	<-published
 	e.WaitEmpty(t, 2*time.Minute)
 	stop()
@@ -368,7 +422,7 @@ func (e *Env) Outage(t testing.TB, h BatchHandler, grace time.Duration, down, up
 	if early > 0 || len(whileDown) == 0 {
 		t.Errorf("%d of the %d messages published while the broker was away were reported done before it came back, want 0 of more than 0", early, len(whileDown))
 	}
-	during, from := 0, time.Unix(0, downFrom.Load()).Add(grace)
+	during, from := 0, time.Unix(0, downFrom.Load()).Add(f.Grace)
 	for _, at := range rc.doneAt {
 		if at.After(from) && at.Before(upAt) {
 			during++
