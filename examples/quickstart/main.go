@@ -25,21 +25,22 @@ import (
 )
 
 func main() {
-	if err := run(context.Background()); err != nil {
+	if err := run(context.Background(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context) error {
+// run tells the story on w.
+func run(ctx context.Context, w io.Writer) error {
 	dir, err := os.MkdirTemp("", "oncommit-quickstart-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "shop.db")
-	fmt.Println("oncommit quick start: the transactional outbox on SQLite")
-	fmt.Println("database file:", path)
+	fmt.Fprintln(w, "oncommit quick start: the transactional outbox on SQLite")
+	fmt.Fprintln(w, "database file:", path)
 
 	// _txlock=immediate: a transaction takes SQLite's write lock when it
 	// begins, waiting up to the busy timeout, instead of failing with
@@ -55,7 +56,7 @@ func run(ctx context.Context) error {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY, email TEXT NOT NULL)`); err != nil {
 		return err
 	}
-	fmt.Println("created the outbox table (sqlite.Migrate) and an orders table")
+	fmt.Fprintln(w, "created the outbox table (sqlite.Migrate) and an orders table")
 
 	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
 	if err != nil {
@@ -88,16 +89,16 @@ func run(ctx context.Context) error {
 		return res, tx.Commit()
 	}
 
-	fmt.Println("\n1. Two orders, each INSERTed with its message in ONE transaction, then COMMIT:")
+	fmt.Fprintln(w, "\n1. Two orders, each INSERTed with its message in ONE transaction, then COMMIT:")
 	for _, o := range []struct{ id, email string }{{"A-1001", "ada@example.com"}, {"A-1002", "alan@example.com"}} {
 		res, err := placeOrder(o.id, o.email, true)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("   order %s committed; message %s stored with it\n", o.id, res.ID)
+		fmt.Fprintf(w, "   order %s committed; message %s stored with it\n", o.id, res.ID)
 	}
 
-	fmt.Println("\n2. Order A-1003 fails after Publish and its transaction rolls back:")
+	fmt.Fprintln(w, "\n2. Order A-1003 fails after Publish and its transaction rolls back:")
 	if _, err := placeOrder("A-1003", "grace@example.com", false); err != nil {
 		return err
 	}
@@ -105,32 +106,32 @@ func run(ctx context.Context) error {
 	if err := db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM orders WHERE id = 'A-1003'), (SELECT count(*) FROM outbox WHERE message_key = 'A-1003')`).Scan(&orders, &msgs); err != nil {
 		return err
 	}
-	fmt.Printf("   rows left for A-1003: %d order, %d message (one rollback undid both)\n", orders, msgs)
+	fmt.Fprintf(w, "   rows left for A-1003: %d order, %d message (one rollback undid both)\n", orders, msgs)
 
-	fmt.Println("\n3. A retried request for A-1001 publishes with the same dedup key:")
+	fmt.Fprintln(w, "\n3. A retried request for A-1001 publishes with the same dedup key:")
 	res, err := placeOrder("A-1001", "ada@example.com", true)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("   Publish reports duplicate=%v; the transaction still committed\n", res.Duplicate)
+	fmt.Fprintf(w, "   Publish reports duplicate=%v; the transaction still committed\n", res.Duplicate)
 
-	fmt.Println("\n4. A bad message is refused before any SQL is sent; the transaction stays usable:")
+	fmt.Fprintln(w, "\n4. A bad message is refused before any SQL is sent; the transaction stays usable:")
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	_, perr := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "", Payload: []byte(`{"broken":`)})
 	var me *outbox.MessageError
-	fmt.Printf("   error: %v (errors.As *outbox.MessageError: %v)\n", perr, errors.As(perr, &me))
+	fmt.Fprintf(w, "   error: %v (errors.As *outbox.MessageError: %v)\n", perr, errors.As(perr, &me))
 	if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, email) VALUES ('A-1004', 'edsger@example.com')`); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	fmt.Println("   order A-1004 committed in the same transaction")
+	fmt.Fprintln(w, "   order A-1004 committed in the same transaction")
 
-	fmt.Println("\n   One more transaction: an invoice message for A-1002 whose payload lacks a billing address.")
+	fmt.Fprintln(w, "\n   One more transaction: an invoice message for A-1002 whose payload lacks a billing address.")
 	tx, err = db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -142,12 +143,12 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	fmt.Println("\n5. The outbox table holds one message per committed publish, all pending:")
-	if err := printTable(ctx, db); err != nil {
+	fmt.Fprintln(w, "\n5. The outbox table holds one message per committed publish, all pending:")
+	if err := printTable(ctx, w, db); err != nil {
 		return err
 	}
 
-	fmt.Println("\n6. A relay claims them and runs the handlers, outside any transaction:")
+	fmt.Fprintln(w, "\n6. A relay claims them and runs the handlers, outside any transaction:")
 	relay, err := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{
 		PollInterval: 50 * time.Millisecond,
 		RetryBase:    200 * time.Millisecond, RetryCap: time.Second,
@@ -163,10 +164,10 @@ func run(ctx context.Context) error {
 	}
 	err = outbox.HandleJSON(relay, "order.placed", func(ctx context.Context, d outbox.Delivery, o orderPlaced) error {
 		if o.OrderID == "A-1002" && mailFailed.CompareAndSwap(false, true) {
-			fmt.Printf("   order.placed   %s attempt %d: mail server busy -> error, retried after a backoff\n", o.OrderID, d.Attempt)
+			fmt.Fprintf(w, "   order.placed   %s attempt %d: mail server busy -> error, retried after a backoff\n", o.OrderID, d.Attempt)
 			return errors.New("mail server busy")
 		}
-		fmt.Printf("   order.placed   %s attempt %d: confirmation sent to %s (idempotency key %s)\n", o.OrderID, d.Attempt, o.Email, d.ID)
+		fmt.Fprintf(w, "   order.placed   %s attempt %d: confirmation sent to %s (idempotency key %s)\n", o.OrderID, d.Attempt, o.Email, d.ID)
 		return nil
 	})
 	if err != nil {
@@ -178,7 +179,7 @@ func run(ctx context.Context) error {
 	}
 	err = outbox.HandleJSON(relay, "invoice.issued", func(ctx context.Context, d outbox.Delivery, inv invoice) error {
 		if inv.BillingAddress == "" {
-			fmt.Printf("   invoice.issued %s attempt %d: no billing address -> outbox.Cancel: dead-lettered, no retry\n", inv.OrderID, d.Attempt)
+			fmt.Fprintf(w, "   invoice.issued %s attempt %d: no billing address -> outbox.DeadLetter: dead-lettered, no retry\n", inv.OrderID, d.Attempt)
 			return outbox.DeadLetter(errors.New("no billing address"))
 		}
 		return nil
@@ -214,25 +215,25 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	fmt.Println("\n7. Delivered messages are gone; the dead letter stays for inspection and redrive:")
-	if err := printTable(ctx, db); err != nil {
+	fmt.Fprintln(w, "\n7. Delivered messages are gone; the dead letter stays for inspection and redrive:")
+	if err := printTable(ctx, w, db); err != nil {
 		return err
 	}
-	fmt.Println("\nDelivery is at least once: a crash between a handler's success and its outcome")
-	fmt.Println("being written runs the handler again with the same id, so handlers use d.ID as")
-	fmt.Println("their idempotency key. Every replica may run a relay; on PostgreSQL they claim with")
-	fmt.Println("FOR UPDATE SKIP LOCKED and wake on NOTIFY (see README.md).")
+	fmt.Fprintln(w, "\nDelivery is at least once: a crash between a handler's success and its outcome")
+	fmt.Fprintln(w, "being written runs the handler again with the same id, so handlers use d.ID as")
+	fmt.Fprintln(w, "their idempotency key. Every replica may run a relay; on PostgreSQL they claim with")
+	fmt.Fprintln(w, "FOR UPDATE SKIP LOCKED and wake on NOTIFY (see README.md).")
 	return nil
 }
 
-// printTable prints the outbox table.
-func printTable(ctx context.Context, db *sql.DB) error {
+// printTable prints the outbox table on w.
+func printTable(ctx context.Context, w io.Writer, db *sql.DB) error {
 	rows, err := db.QueryContext(ctx, `SELECT id, topic, message_key, state, attempts, coalesce(last_error, '') FROM outbox ORDER BY created_at, id`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	fmt.Printf("   %-36s  %-14s  %-6s  %-10s  %-8s  %s\n", "id", "topic", "key", "state", "attempts", "last_error")
+	fmt.Fprintf(w, "   %-36s  %-14s  %-6s  %-10s  %-8s  %s\n", "id", "topic", "key", "state", "attempts", "last_error")
 	n := 0
 	for rows.Next() {
 		var id, topic, key, state, lastErr string
@@ -240,11 +241,11 @@ func printTable(ctx context.Context, db *sql.DB) error {
 		if err := rows.Scan(&id, &topic, &key, &state, &attempts, &lastErr); err != nil {
 			return err
 		}
-		fmt.Printf("   %-36s  %-14s  %-6s  %-10s  %-8d  %s\n", id, topic, key, state, attempts, lastErr)
+		fmt.Fprintf(w, "   %-36s  %-14s  %-6s  %-10s  %-8d  %s\n", id, topic, key, state, attempts, lastErr)
 		n++
 	}
 	if n == 0 {
-		fmt.Println("   (no rows)")
+		fmt.Fprintln(w, "   (no rows)")
 	}
 	return rows.Err()
 }
