@@ -48,6 +48,7 @@ var orderedCases = []envCase{
 	{"OrderedPlainRedrive", orderedPlainRedrive},
 	{"OrderedRedrivePlace", orderedRedrivePlace},
 	{"OrderedHeldKeyLiveness", orderedHeldKeyLiveness},
+	{"OrderedModel", orderedModel},
 }
 
 // runOrdered registers the ordered cases when h's dialect orders, else
