@@ -26,6 +26,10 @@ const (
 	DefaultJanitorEvery   = time.Minute
 )
 
+// MinLease is the shortest RelayConfig.Lease on every dialect. A dialect
+// may ask for more while leases are renewed (SQLite asks for 15s).
+const MinLease = time.Second
+
 // UnlimitedAttempts, as RelayConfig.MaxAttempts, never dead-letters a
 // message for its number of attempts: it is retried (with backoff capped at
 // RetryCap) until its handler succeeds or cancels it. It is the largest
@@ -82,13 +86,19 @@ type RelayConfig struct {
 
 	// Lease is how long a claimed message stays invisible to other relays.
 	// While its handler runs, the relay renews the lease every Lease/6 once
-	// a third of it has passed (so a renewal always lands by half the
-	// lease), so only a relay that stops (crash, partition) loses it.
-	// Defaults to DefaultLease (30s).
+	// a third of it has passed (so a renewal is sent by half the lease),
+	// so only a relay that stops (crash, partition) loses it. It is at
+	// least MinLease (1s) and, while leases are renewed, at least the
+	// dialect's minimum (15s on SQLite, whose renewals may wait for the
+	// write lock up to the busy timeout; see its package documentation):
+	// Relay refuses a shorter one with a [*ConfigError]. Defaults to
+	// DefaultLease (30s).
 	Lease time.Duration
 
 	// DisableLeaseRenewal stops the renewals: a handler running longer than
-	// Lease is then delivered again by another claim. Defaults to false.
+	// Lease is then delivered again by another claim. With no renewal to
+	// land in time, the dialect's minimum lease does not apply, only
+	// MinLease. Defaults to false.
 	DisableLeaseRenewal bool
 
 	// Concurrency is the most handlers running at once. A claim takes at
@@ -223,6 +233,10 @@ type RelayTracer interface {
 	// TraceSettle is called after each settle statement with the
 	// settlements it wrote and the fences that applied (a settlement whose
 	// fence is missing was fenced off: another claim had taken the row).
+	// Each message has its own settlement and fence, the run of an ordered
+	// head's included (Config.OrderByKey): a run member's Attempts are its
+	// attempts after this delivery, and its fence applied when its head's
+	// did.
 	TraceSettle(ctx context.Context, s []outboxdriver.Settlement, applied []outboxdriver.Fence, err error)
 }
 
@@ -270,8 +284,8 @@ func (c *RelayConfig) validate(caps outboxdriver.Capabilities) error {
 	if c.MaxAttempts > UnlimitedAttempts {
 		return &ConfigError{Field: "MaxAttempts", Reason: fmt.Sprintf("%d is more than the attempts column holds; at most UnlimitedAttempts (%d), which retries forever", c.MaxAttempts, UnlimitedAttempts)}
 	}
-	if c.Lease < time.Second {
-		return &ConfigError{Field: "Lease", Reason: "must be at least 1s"}
+	if err := c.validateLease(caps); err != nil {
+		return err
 	}
 	if c.RetryCap < c.RetryBase {
 		return &ConfigError{Field: "RetryCap", Reason: "must not be less than RetryBase"}
@@ -287,6 +301,18 @@ func (c *RelayConfig) validate(caps outboxdriver.Capabilities) error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// validateLease refuses a lease shorter than MinLease, or, while leases are
+// renewed, than the dialect's Capabilities.MinLease.
+func (c *RelayConfig) validateLease(caps outboxdriver.Capabilities) error {
+	if c.Lease < MinLease {
+		return &ConfigError{Field: "Lease", Reason: fmt.Sprintf("%v is less than MinLease (%v)", c.Lease, MinLease)}
+	}
+	if !c.DisableLeaseRenewal && c.Lease < caps.MinLease {
+		return &ConfigError{Field: "Lease", Reason: fmt.Sprintf("%v is less than the dialect's minimum while leases are renewed (%v): a renewal kept waiting by the database could land after the lease lapsed, and another claim run the message beside its handler", c.Lease, caps.MinLease)}
 	}
 	return nil
 }

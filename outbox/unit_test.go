@@ -195,3 +195,37 @@ func TestDialectDepth(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseValidation: a lease under MinLease is refused; one under the
+// dialect's Capabilities.MinLease too, unless renewal is off.
+func TestLeaseValidation(t *testing.T) {
+	floor := outboxdriver.Capabilities{}
+	slow := outboxdriver.Capabilities{MinLease: 15 * time.Second}
+	for _, tc := range []struct {
+		caps    outboxdriver.Capabilities
+		lease   time.Duration
+		noRenew bool
+		ok      bool
+	}{
+		{floor, 0, false, true}, // DefaultLease
+		{floor, MinLease, false, true},
+		{floor, MinLease - 1, false, false},
+		{floor, MinLease - 1, true, false},
+		{slow, 0, false, true},
+		{slow, 15 * time.Second, false, true},
+		{slow, 15*time.Second - 1, false, false},
+		{slow, 2 * time.Second, false, false},
+		{slow, 2 * time.Second, true, true},
+		{slow, MinLease - 1, true, false},
+	} {
+		cfg := RelayConfig{Lease: tc.lease, DisableLeaseRenewal: tc.noRenew}
+		err := cfg.validate(tc.caps)
+		var ce *ConfigError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("MinLease %v, Lease %v, renewal off %v: %v", tc.caps.MinLease, tc.lease, tc.noRenew, err)
+		case !tc.ok && (!errors.As(err, &ce) || ce.Field != "Lease"):
+			t.Errorf("MinLease %v, Lease %v, renewal off %v: %v, want a ConfigError on Lease", tc.caps.MinLease, tc.lease, tc.noRenew, err)
+		}
+	}
+}

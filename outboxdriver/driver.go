@@ -77,6 +77,14 @@ type Capabilities struct {
 	// statements commit without waiting for the database's log to reach
 	// disk (PostgreSQL's synchronous_commit off, for that statement only).
 	AsyncCommit bool
+	// MinLease, when not zero, is the shortest lease (the outbox package's
+	// RelayConfig.Lease) the dialect's relays accept while they renew
+	// leases: longer than the relay's floor of one second where a renewal
+	// may wait long for the database (SQLite's write lock, up to the busy
+	// timeout), so that a live relay's renewal lands before its lease
+	// lapses and no other claim runs the message beside its handler.
+	// Zero means the floor.
+	MinLease time.Duration
 }
 
 // Table is the validated name of the outbox table.

@@ -151,7 +151,9 @@ type dialect struct {
 func (*dialect) Name() string { return "mysql" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true, Ordered: true}
+	// MinLease: the relay's floor. A renewal is one short transaction that
+	// locks only the rows it renews, by primary key.
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true, Ordered: true, MinLease: time.Second}
 }
 
 // QuoteTable returns t as a quoted, possibly database-qualified, identifier.

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -39,7 +40,9 @@ type dialect struct {
 func (*dialect) Name() string { return "postgres" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, Ordered: true, AllTopics: true, AsyncCommit: true}
+	// MinLease: the relay's floor. A renewal is one short statement that
+	// waits only for the row locks of the relay's own short statements.
+	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, Ordered: true, AllTopics: true, AsyncCommit: true, MinLease: time.Second}
 }
 
 // QuoteTable returns t as a quoted, possibly schema-qualified, identifier.

@@ -16,8 +16,11 @@ import (
 const chaosDSN = "?_txlock=immediate&_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
 
 // TestChaos runs the chaos test (internal/chaostest) on one SQLite file in
-// WAL mode shared by every process; the ledger has a file of its own.
-func TestChaos(t *testing.T) { chaostest.Run(t, chaosBackend(0), chaostest.FromEnv()) }
+// WAL mode shared by every process; the ledger has a file of its own. The
+// lease is the shortest SQLite accepts, sqlite.MinLease (15 s).
+func TestChaos(t *testing.T) {
+	chaostest.Run(t, chaosBackend(sqlite.MinLease), chaostest.FromEnv())
+}
 
 // TestOrderedChaos runs the checker of ordered delivery
 // (chaostest.RunOrdered) on SQLite: 4 relay processes and 8 producers on

@@ -229,3 +229,44 @@ func TestStaleSettleFenced(t *testing.T) {
 		t.Errorf("carried success left the row %s", s)
 	}
 }
+
+// TestLeaseMinimum: while leases are renewed, a relay on SQLite refuses a
+// lease under sqlite.MinLease (three times the recommended busy timeout)
+// with a ConfigError on Lease, and accepts MinLease, with which it
+// delivers; with renewal off only outbox.MinLease applies.
+func TestLeaseMinimum(t *testing.T) {
+	db, ob := open(t)
+	for _, tc := range []struct {
+		lease   time.Duration
+		noRenew bool
+		ok      bool
+	}{
+		{2 * time.Second, false, false},
+		{sqlite.MinLease - time.Millisecond, false, false},
+		{sqlite.MinLease, false, true},
+		{2 * time.Second, true, true},
+		{outbox.MinLease - time.Millisecond, true, false},
+	} {
+		cfg := relayCfg(t)
+		cfg.Lease, cfg.DisableLeaseRenewal = tc.lease, tc.noRenew
+		_, err := ob.Relay(sqltx.FromDB(db), cfg)
+		var ce *outbox.ConfigError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("Lease %v (renewal off: %v): %v, want it accepted", tc.lease, tc.noRenew, err)
+		case !tc.ok && (!errors.As(err, &ce) || ce.Field != "Lease" || !errors.Is(err, outbox.ErrInvalidConfig)):
+			t.Errorf("Lease %v (renewal off: %v): %v, want a ConfigError on Lease", tc.lease, tc.noRenew, err)
+		}
+	}
+	cfg := relayCfg(t)
+	cfg.Lease = sqlite.MinLease
+	r, err := ob.Relay(sqltx.FromDB(db), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	r.Handle("t", func(context.Context, outbox.Delivery) error { n.Add(1); return nil })
+	publish(t, db, ob, outbox.Message{Topic: "t"})
+	runRelay(t, r)
+	waitFor(t, "the message delivered and settled", func() bool { return n.Load() == 1 && count(t, db, "outbox") == 0 })
+}

@@ -26,11 +26,12 @@
 // SQLite allows one writer at a time, and its write lock has no queue: under
 // sustained writes a connection can wait out the whole busy timeout. The
 // relay's statements then run again until the relay's CommandTimeout ends;
-// a renewal that waits longer than a third of the lease loses the lease, so
-// keep RelayConfig.Lease at least three times the busy timeout (the
-// default, 30s, is six times 5s). Ids are stored as the canonical UUID
-// text of the message id, which sorts by time and reads back as
-// [outboxdriver.ID.String] prints it. Qualified table names ("schema.name") are
+// a renewal that waits past the lease loses it, so RelayConfig.Lease must be
+// at least [MinLease] (15s, three times the recommended 5s busy timeout;
+// the relay refuses less), and at least three times the busy timeout when
+// that is longer (the default lease, 30s, is six times 5s). Ids are stored
+// as the canonical UUID text of the message id, which sorts by time and
+// reads back as [outboxdriver.ID.String] prints it. Qualified table names ("schema.name") are
 // not supported: use an unqualified name.
 package sqlite
 
@@ -51,6 +52,15 @@ const MaxParams = 32766
 // DefaultPollInterval is the relay's default poll interval on SQLite: with
 // no notifications, a relay finds new messages only by polling.
 const DefaultPollInterval = 100 * time.Millisecond
+
+// MinLease is the shortest RelayConfig.Lease a relay on SQLite accepts
+// while it renews leases: three times the recommended busy timeout (5s).
+// The relay sends a running handler's first renewal by the time half of
+// its lease has passed; a renewal that waits out the whole busy timeout
+// for the write lock still lands a sixth of the lease before the lease
+// lapses. With a longer busy timeout, keep the lease at least three times
+// it: the relay cannot see the busy timeout, which is the connection's.
+const MinLease = 15 * time.Second
 
 // now is the database clock as stored: integer milliseconds since the epoch.
 const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
@@ -91,7 +101,7 @@ type dialect struct {
 func (*dialect) Name() string { return "sqlite" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true, Ordered: true}
+	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true, Ordered: true, MinLease: MinLease}
 }
 
 // QuoteTable returns t as a quoted identifier.
