@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -211,25 +212,134 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 	if err != nil {
 		return 0, err
 	}
-	if a != ActRedrive && a != ActRetry && a != ActDelete && a != ActSkip {
-		return 0, &FilterError{"Action", fmt.Sprintf("%d is not an action", int(a))}
-	}
-	if err := checkFilter(f); err != nil {
+	if err := checkAct(a, f, true); err != nil {
 		return 0, err
 	}
-	if !f.After.IsZero() {
-		return 0, &FilterError{"After", "is a listing's cursor; an action takes the whole selection"}
+	start := time.Now()
+	n, err := o.act(ctx, db, in, a, f)
+	o.logAction(ctx, opts, a.String(), FilterString(f), n, start, err)
+	return n, err
+}
+
+// act runs a on the messages matching f, checked.
+func (o *Outbox) act(ctx context.Context, db DB, in outboxdriver.Inspector, a Action, f Filter) (int64, error) {
+	if a == ActSkip {
+		return o.skipHeads(ctx, db, f)
 	}
-	if filterEmpty(f) {
-		return 0, &FilterError{"Filter", "selects every message; name the states, topic, ids... to act on"}
+	n, err := in.Act(ctx, db, o.table, a, f)
+	if err != nil {
+		err = wrapOp(ctx, a.String(), o.d.Classify(err))
+	}
+	return n, err
+}
+
+// checkAct refuses, before any SQL, an action or filter [Outbox.Act]
+// cannot take; selects says f alone chooses the messages (it must then
+// set some field).
+func checkAct(a Action, f Filter, selects bool) error {
+	if a != ActRedrive && a != ActRetry && a != ActDelete && a != ActSkip {
+		return &FilterError{"Action", fmt.Sprintf("%d is not an action", int(a))}
+	}
+	if err := checkFilter(f); err != nil {
+		return err
+	}
+	if !f.After.IsZero() {
+		return &FilterError{"After", "is a listing's cursor; an action takes the whole selection"}
+	}
+	if selects && filterEmpty(f) {
+		return &FilterError{"Filter", "selects every message; name the states, topic, ids... to act on"}
+	}
+	return nil
+}
+
+// Targets returns, in id order, the ids of the messages matching f that a
+// would change if it ran now, those in its source state: the dead ones
+// for [ActRedrive]; the pending ones, due or not, for [ActRetry]; the
+// pending, dead and delivered ones for [ActDelete]; the dead ones that
+// halt their key for [ActSkip]. A confirmation shows them, or their
+// count, and then hands them to [Outbox.ActOn], so that the action changes
+// no message the operator was not shown: one published, dead-lettered or
+// redriven after the confirmation was shown is left alone. f is checked as
+// [Outbox.Act] checks it. It pages through the matching messages,
+// [MaxPageSize] at a time.
+func (o *Outbox) Targets(ctx context.Context, db DB, a Action, f Filter) ([]ID, error) {
+	if err := checkAct(a, f, true); err != nil {
+		return nil, err
+	}
+	if a == ActSkip && o.orderedDialect() == nil {
+		return nil, fmt.Errorf("%w: skip needs an Outbox with Config.OrderByKey", ErrUnsupported)
+	}
+	from := []State{StatePending, StateDead, StateDelivered}
+	switch a {
+	case ActRedrive, ActSkip:
+		from = []State{StateDead}
+	case ActRetry:
+		from = []State{StatePending}
+	}
+	if len(f.States) > 0 {
+		from = slices.DeleteFunc(from, func(s State) bool { return !slices.Contains(f.States, s) })
+		if len(from) == 0 {
+			return nil, nil
+		}
+	}
+	f.States = from
+	var ids []ID
+	for {
+		p, err := o.List(ctx, db, f, MaxPageSize)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range p.Messages {
+			if a == ActSkip && (m.Key == "" || !m.SettledAt.IsZero()) {
+				continue // a halted head is dead, keyed and never settled
+			}
+			ids = append(ids, m.ID)
+		}
+		if p.Next.IsZero() {
+			return ids, nil
+		}
+		f.After = p.Next
+	}
+}
+
+// ActOn is [Outbox.Act] on the messages of ids that still match f (and
+// are among f.IDs when f names ids): the ids a confirmation showed, from
+// [Outbox.Targets]. ids may be more than [MaxFilterIDs]: it acts on them
+// that many at a time. When ids is empty it changes nothing, sends no SQL
+// and logs nothing (where Act would take an empty Filter.IDs as every
+// id). f may be empty, since ids bound it, but not set After. One line is
+// logged per call, its filter f with ids=N for ids.
+func (o *Outbox) ActOn(ctx context.Context, db DB, a Action, f Filter, ids []ID, opts *ActOptions) (int64, error) {
+	in, err := o.inspector()
+	if err != nil {
+		return 0, err
+	}
+	if err := checkAct(a, f, false); err != nil {
+		return 0, err
+	}
+	if len(f.IDs) > 0 {
+		ids = slices.DeleteFunc(slices.Clone(ids), func(id ID) bool { return !slices.Contains(f.IDs, id) })
+	}
+	for _, id := range ids {
+		if id.IsZero() {
+			return 0, &FilterError{"IDs", "the zero id names no message"}
+		}
+	}
+	if len(ids) == 0 {
+		return 0, nil
 	}
 	start := time.Now()
 	var n int64
-	if a == ActSkip {
-		n, err = o.skipHeads(ctx, db, f)
-	} else if n, err = in.Act(ctx, db, o.table, a, f); err != nil {
-		err = wrapOp(ctx, a.String(), o.d.Classify(err))
+	for chunk := range slices.Chunk(ids, MaxFilterIDs) {
+		part := f
+		part.IDs = chunk
+		var k int64
+		k, err = o.act(ctx, db, in, a, part)
+		if n += k; err != nil {
+			break
+		}
 	}
+	f.IDs = ids
 	o.logAction(ctx, opts, a.String(), FilterString(f), n, start, err)
 	return n, err
 }
