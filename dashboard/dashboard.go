@@ -14,15 +14,23 @@
 // It is read-only unless Config.Actions is true: then actions are POST
 // forms, refused from other origins ([http.CrossOriginProtection]) and
 // without the page's token, and each asks for a confirmation page before
-// it changes anything. Everything a message holds is escaped by
-// html/template; the page uses no JavaScript and loads nothing from
-// elsewhere (its one stylesheet is embedded).
+// it changes anything; the confirmation acts only on the messages it
+// counted, and shows a new one when they changed. It answers only
+// requests whose Host names localhost, a loopback address, the address
+// the request arrived on or one of Config.AllowedHosts (421 otherwise), so
+// a site whose name an attacker points at 127.0.0.1 (DNS rebinding) can
+// neither read its pages nor post its forms. It has no authentication of
+// its own: with actions, serve it on a loopback address only, or behind
+// authentication. Everything a message holds is escaped by html/template;
+// the page uses no JavaScript and loads nothing from elsewhere (its one
+// stylesheet is embedded).
 package dashboard
 
 import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
@@ -32,6 +40,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -55,8 +64,21 @@ type Config struct {
 	// DB is the pool the dashboard reads (and acts) through.
 	DB outbox.DB
 	// Actions enables the redrive, retry, delete, skip and purge buttons.
-	// Defaults to false: read-only, and every POST is refused.
+	// Anyone who reaches the handler can then use them: mount it behind
+	// authentication, or serve it on a loopback address only. Defaults to
+	// false: read-only, and every POST is refused.
 	Actions bool
+	// AllowedHosts are the host names (or IP addresses), without a port,
+	// that a request's Host header may name beyond those always allowed:
+	// localhost and the names under .localhost, the loopback addresses,
+	// and the address the request arrived on. A request naming another
+	// host is refused (421 Misdirected Request) before it reaches a page
+	// or an action, so that a page on a name an attacker resolves to this
+	// server (DNS rebinding) cannot read the pages or post their forms.
+	// List the names the dashboard is reached by ("ops.example.com"), or
+	// "*" for every host when a proxy in front checks the Host itself.
+	// Defaults to none beyond those always allowed.
+	AllowedHosts []string
 	// Actor returns who makes a request, for the log line of each action
 	// (see outbox.ActOptions): the user the service's authentication
 	// found, say. Defaults to a function returning "dashboard".
@@ -74,6 +96,7 @@ type Config struct {
 // Handler serves the dashboard. Build one with [New].
 type Handler struct {
 	cfg   Config
+	hosts map[string]bool
 	tmpl  *template.Template
 	mux   *http.ServeMux
 	csrf  string
@@ -97,6 +120,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.SampleEvery < 0 {
 		return nil, &outbox.ConfigError{Field: "SampleEvery", Reason: "must not be negative"}
 	}
+	if err := checkHosts(cfg.AllowedHosts); err != nil {
+		return nil, err
+	}
 	if cfg.SampleEvery == 0 {
 		cfg.SampleEvery = DefaultSampleEvery
 	}
@@ -115,7 +141,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	var tok [16]byte
 	_, _ = rand.Read(tok[:])
-	h := &Handler{cfg: cfg, tmpl: tmpl, mux: http.NewServeMux(), csrf: hex.EncodeToString(tok[:])}
+	h := &Handler{cfg: cfg, hosts: hostSet(cfg.AllowedHosts), tmpl: tmpl, mux: http.NewServeMux(), csrf: hex.EncodeToString(tok[:])}
 	static, _ := fs.Sub(files, "static")
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	h.mux.HandleFunc("GET /{$}", h.index)
@@ -133,11 +159,16 @@ func New(cfg Config) (*Handler, error) {
 }
 
 // ServeHTTP serves the dashboard's pages. Mount it with or without
-// http.StripPrefix: links are made relative to where it is mounted.
+// http.StripPrefix: links are made relative to where it is mounted. A
+// request whose Host is not allowed (see Config.AllowedHosts) gets 421.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "same-origin")
+	if !h.hostAllowed(r) {
+		http.Error(w, fmt.Sprintf("dashboard: host %q is not allowed (see Config.AllowedHosts, oncommit serve --allowed-hosts)", r.Host), http.StatusMisdirectedRequest)
+		return
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
@@ -410,6 +441,9 @@ var purgeStates = map[string][]outbox.State{
 
 // purge runs the stats page's purge form: a confirmation page with how
 // many messages it would delete, then the purge, logged with the actor.
+// The confirmation carries the time of its count (as_of), and the purge
+// deletes only messages settled before as_of less the age: none that
+// grew old enough while the operator read the page.
 func (h *Handler) purge(w http.ResponseWriter, r *http.Request) {
 	age, states := r.PostForm.Get("older_than"), r.PostForm.Get("purge_states")
 	ss, ok := purgeStates[states]
@@ -419,19 +453,26 @@ func (h *Handler) purge(w http.ResponseWriter, r *http.Request) {
 	}
 	older, _ := time.ParseDuration(age)
 	ctx := r.Context()
-	what := outbox.PurgeString(ss, older)
 	if r.PostForm.Get("confirm") != "yes" {
-		n, err := h.cfg.Outbox.Count(ctx, h.cfg.DB, outbox.Filter{States: ss, SettledTo: time.Now().Add(-older)})
+		asOf := time.Now()
+		n, err := h.cfg.Outbox.Count(ctx, h.cfg.DB, outbox.Filter{States: ss, SettledTo: asOf.Add(-older)})
 		if err != nil {
 			h.fail(w, r, err)
 			return
 		}
 		p := h.newPage(r)
-		p.Action, p.Count, p.What, p.Back = "purge", n, what, base(r)+"/"
-		p.Q = map[string]string{"older_than": age, "purge_states": states}
+		p.Action, p.Count, p.What, p.Back = "purge", n, outbox.PurgeString(ss, older), base(r)+"/"
+		p.Q = map[string]string{"older_than": age, "purge_states": states, "as_of": asOf.UTC().Format(time.RFC3339Nano)}
 		h.render(w, http.StatusOK, "confirm", p)
 		return
 	}
+	asOf, err := time.Parse(time.RFC3339Nano, r.PostForm.Get("as_of"))
+	if err != nil || asOf.After(time.Now()) {
+		http.Error(w, "dashboard: purge: missing or bad as_of (the time of the confirmation's count)", http.StatusBadRequest)
+		return
+	}
+	// Rounded up: a cut-off no later than as_of less the age.
+	older = (older + time.Since(asOf) + time.Millisecond - 1).Truncate(time.Millisecond)
 	n, err := h.cfg.Outbox.Purge(ctx, h.cfg.DB, outbox.PurgeOptions{States: ss, OlderThan: older,
 		Operator: &outbox.ActOptions{Actor: h.cfg.Actor(r), Logger: h.cfg.Logger}})
 	if err != nil {
@@ -441,9 +482,26 @@ func (h *Handler) purge(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, base(r)+"/?notice="+url.QueryEscape(fmt.Sprintf("purge: %d message(s) deleted", n)), http.StatusSeeOther)
 }
 
+// selection returns the digest of an action on ids selected by f, which
+// a confirmation page carries: the confirmation acts only when the
+// messages the action would change are still the ones it counted.
+func selection(action string, f outbox.Filter, ids []outbox.ID) string {
+	d := sha256.New()
+	fmt.Fprintf(d, "%s\n%s\n", action, outbox.FilterString(f))
+	for _, id := range ids {
+		fmt.Fprintln(d, id)
+	}
+	return hex.EncodeToString(d.Sum(nil)[:16])
+}
+
 // act runs an action posted by a form of the dashboard: the first post
-// shows a confirmation page, the second (confirm=yes) acts and redirects
-// (303) back to the list with a notice of how many messages changed.
+// shows a confirmation page with how many messages the action would
+// change (outbox.Outbox.Targets) and a digest of their ids; the second
+// (confirm=yes) acts on those messages only and redirects (303) back to
+// the list with a notice of how many changed. When the messages it would
+// change are no longer the ones counted (a message published or
+// dead-lettered meanwhile, one a relay or another operator took), it
+// changes nothing and shows a new confirmation page (409).
 func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
 		http.Error(w, "dashboard: "+err.Error(), http.StatusBadRequest)
@@ -477,18 +535,26 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		back += "?" + v.Encode()
 	}
 	ctx := r.Context()
-	if r.PostForm.Get("confirm") != "yes" {
-		n, err := h.cfg.Outbox.Count(ctx, h.cfg.DB, f)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		p := h.newPage(r)
-		p.Action, p.Count, p.What, p.Q, p.Back = name, n, outbox.FilterString(f), q, back
-		h.render(w, http.StatusOK, "confirm", p)
+	ids, err := h.cfg.Outbox.Targets(ctx, h.cfg.DB, a, f)
+	if err != nil {
+		h.fail(w, r, err)
 		return
 	}
-	n, err := h.cfg.Outbox.Act(ctx, h.cfg.DB, a, f, &outbox.ActOptions{Actor: h.cfg.Actor(r), Logger: h.cfg.Logger})
+	sel := selection(name, f, ids)
+	if confirmed := r.PostForm.Get("confirm") == "yes"; !confirmed || r.PostForm.Get("selection") != sel {
+		p := h.newPage(r)
+		p.Action, p.Count, p.What, p.Back = name, int64(len(ids)), outbox.FilterString(f), back
+		p.Q = maps.Clone(q)
+		p.Q["selection"] = sel
+		status := http.StatusOK
+		if confirmed {
+			status = http.StatusConflict
+			p.Error = "The messages this action would change are no longer the ones shown; nothing was changed. Confirm again to act on those below."
+		}
+		h.render(w, status, "confirm", p)
+		return
+	}
+	n, err := h.cfg.Outbox.ActOn(ctx, h.cfg.DB, a, f, ids, &outbox.ActOptions{Actor: h.cfg.Actor(r), Logger: h.cfg.Logger})
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -15,23 +15,35 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-func TestNewRefusesBadConfig(t *testing.T) {
+// mockOutbox returns an Outbox on PostgreSQL and a sqlmock pool that
+// expects no statement: mock.ExpectationsWereMet says whether one was
+// sent.
+func mockOutbox(t *testing.T) (*outbox.Outbox, outbox.DB, sqlmock.Sqlmock) {
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
 	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, _, err := sqlmock.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	return ob, sqltx.FromDB(db), mock
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	ob, db, _ := mockOutbox(t)
 	for _, c := range []struct {
 		cfg   dashboard.Config
 		field string
 	}{
-		{dashboard.Config{DB: sqltx.FromDB(db)}, "Outbox"},
+		{dashboard.Config{DB: db}, "Outbox"},
 		{dashboard.Config{Outbox: ob}, "DB"},
-		{dashboard.Config{Outbox: ob, DB: sqltx.FromDB(db), SampleEvery: -1}, "SampleEvery"},
+		{dashboard.Config{Outbox: ob, DB: db, SampleEvery: -1}, "SampleEvery"},
+		{dashboard.Config{Outbox: ob, DB: db, AllowedHosts: []string{"ops.example.com:8443"}}, "AllowedHosts"},
+		{dashboard.Config{Outbox: ob, DB: db, AllowedHosts: []string{"https://ops.example.com"}}, "AllowedHosts"},
+		{dashboard.Config{Outbox: ob, DB: db, AllowedHosts: []string{""}}, "AllowedHosts"},
+		{dashboard.Config{Outbox: ob, DB: db, AllowedHosts: []string{"ops example"}}, "AllowedHosts"},
 	} {
 		var ce *outbox.ConfigError
 		if _, err := dashboard.New(c.cfg); !errors.As(err, &ce) || ce.Field != c.field {
@@ -45,15 +57,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 // page's token, and a bad id is a 400: none of them sends a statement
 // (sqlmock expects none).
 func TestPostsRefusedBeforeSQL(t *testing.T) {
-	db, mock, err := sqlmock.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ob, err := outbox.New(postgres.Dialect(), outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob, db, mock := mockOutbox(t)
 	form := url.Values{"action": {"delete"}, "confirm": {"yes"}, "state": {"dead"}, "csrf": {"guess"}}.Encode()
 	for _, c := range []struct {
 		name    string
@@ -68,11 +72,11 @@ func TestPostsRefusedBeforeSQL(t *testing.T) {
 		{"enabled, same site other origin", true, "same-site", http.StatusForbidden, "cross-origin"},
 		{"enabled, wrong token", true, "same-origin", http.StatusForbidden, "token"},
 	} {
-		h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: sqltx.FromDB(db), Actions: c.actions})
+		h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: db, Actions: c.actions})
 		if err != nil {
 			t.Fatal(err)
 		}
-		req := httptest.NewRequest("POST", "/act", strings.NewReader(form))
+		req := httptest.NewRequest("POST", "http://localhost/act", strings.NewReader(form))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Sec-Fetch-Site", c.site)
 		w := httptest.NewRecorder()
@@ -81,17 +85,17 @@ func TestPostsRefusedBeforeSQL(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d saying %q", c.name, w.Code, w.Body.String(), c.want, c.says)
 		}
 	}
-	h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: sqltx.FromDB(db)})
+	h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/message/not-an-id", nil))
+	h.ServeHTTP(w, httptest.NewRequest("GET", "http://localhost/message/not-an-id", nil))
 	if w.Code != http.StatusBadRequest {
 		t.Errorf("bad id: %d", w.Code)
 	}
 	w = httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/messages?state=gone", nil))
+	h.ServeHTTP(w, httptest.NewRequest("GET", "http://localhost/messages?state=gone", nil))
 	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "invalid filter: States") {
 		t.Errorf("bad state: %d %s", w.Code, w.Body.String())
 	}

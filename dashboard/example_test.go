@@ -36,7 +36,8 @@ func requireOperator(user, password string, next http.Handler) http.Handler {
 // The dashboard mounted behind the service's authentication (HTTP basic
 // authentication here; a single sign-on or session check goes in the same
 // place), with the authenticated user as the actor of each action's log
-// line. docs/operations.md shows the same code.
+// line, reached by the name ops.example.com. docs/operations.md shows the
+// same code.
 func ExampleNew() {
 	db, _, err := sqlmock.New() // the service's *sql.DB
 	if err != nil {
@@ -55,7 +56,8 @@ func ExampleNew() {
 			u, _ := r.Context().Value(ctxUser{}).(string)
 			return "dashboard:" + u
 		},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Logger:       slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		AllowedHosts: []string{"ops.example.com"}, // the name it is reached by
 	})
 	if err != nil {
 		panic(err)
@@ -64,7 +66,7 @@ func ExampleNew() {
 	mux.Handle("/outbox/", requireOperator("ops", "s3cret", http.StripPrefix("/outbox", dash)))
 
 	for _, auth := range []bool{false, true} {
-		req := httptest.NewRequest("GET", "/outbox/static/style.css", nil)
+		req := httptest.NewRequest("GET", "https://ops.example.com/outbox/static/style.css", nil)
 		if auth {
 			req.SetBasicAuth("ops", "s3cret")
 		}
