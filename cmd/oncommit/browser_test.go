@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -18,7 +19,6 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dashboard"
-	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -55,6 +55,8 @@ func newBrowser(t *testing.T) *browser {
 		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		// evil.example.com resolves to the test's servers: DNS rebinding.
+		chromedp.Flag("host-resolver-rules", "MAP evil.example.com 127.0.0.1"),
 		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1200, 800),
 	}
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
@@ -182,14 +184,10 @@ const xss = `</script><script>alert(1)</script>`
 // (through the confirmation page) so it leaves the dead list, shows a
 // script in a payload, topic and error as text, and a read-only dashboard
 // has no action button and refuses forged posts, as the enabled one
-// refuses posts from another origin.
+// refuses posts from another origin and pages asked for by a name that
+// resolves to it (DNS rebinding).
 func TestDashboardInBrowser(t *testing.T) {
-	d := sqliteDB(t)
-	d.ok(t, 0, "migrate", "up")
-	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, ob := sqliteOutbox(t)
 	odb := sqltx.FromDB(d.pool)
 	res := d.seed(t, ob,
 		outbox.Message{Topic: "mail", Key: "order-1", Payload: []byte(`{"to":"a@example.com","html":"` + xss + `"}`), Headers: map[string]string{"x": xss}},
@@ -295,6 +293,13 @@ func TestDashboardInBrowser(t *testing.T) {
 		if !strings.Contains(strings.ToLower(text), c.refusal) {
 			t.Errorf("forged post %s: page %q, want it refused (%s)", c.button, text, c.refusal)
 		}
+	}
+	// DNS rebinding: the dashboard's own address under a name that
+	// resolves to it; no page, so no form token, and no button.
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	b.step(t, "rebound list", chromedp.Navigate("http://evil.example.com:"+port+"/outbox/messages?state=dead"), chromedp.WaitVisible(chromedp.CSS("body")))
+	if text, forms := b.text(t, "body"), b.eval(t, `document.querySelectorAll('form').length`); !strings.Contains(text, `host "evil.example.com:`+port+`" is not allowed`) || forms != 0 {
+		t.Errorf("the list through evil.example.com: %q, %d forms", text, forms)
 	}
 	if t.Failed() {
 		b.shot(t, "final")

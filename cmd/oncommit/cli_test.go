@@ -1,40 +1,25 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/oncommit/oncommit/dialect/mysql"
-	"github.com/oncommit/oncommit/dialect/postgres"
-	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/outbox"
 )
 
 // TestCLI runs the built binary through every subcommand on each database.
-func TestCLI(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) db
-		d    outbox.Dialect
-	}{
-		{"sqlite", sqliteDB, sqlite.Dialect()},
-		{"postgres", postgresDB, postgres.Dialect()},
-		{"mysql", mysqlDB, mysql.Dialect()},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			d := c.open(t)
-			d.dialect = c.d
-			cliRoundTrip(t, d)
-		})
-	}
-}
+func TestCLI(t *testing.T) { eachDB(t, cliRoundTrip) }
 
 var (
 	idRE   = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
@@ -76,8 +61,8 @@ func cliRoundTrip(t *testing.T, d db) {
 			t.Errorf("after migrate up: %v", m)
 		}
 	}
-	// down reverts the latest, up applies it again.
-	down := lines(t, d.ok(t, 0, "migrate", "down", "--json"))
+	// down reverts the latest (with --yes), up applies it again.
+	down := lines(t, d.ok(t, 0, "migrate", "down", "--yes", "--json"))
 	if len(down) != 1 || down[0]["version"] != status[len(status)-1]["version"] {
 		t.Errorf("migrate down: %v, want the latest of %v", down, status)
 	}
@@ -167,13 +152,9 @@ func cliRoundTrip(t *testing.T, d db) {
 		t.Errorf("purge --dry-run: %v", got)
 	}
 	d.ok(t, exitUsage, "purge", "--states", "pending", "--yes")
-	// Skip: PostgreSQL and SQLite have ordered delivery (nothing halted
-	// here: nothing matched); MySQL says clearly that it has none.
-	if d.name == "postgres" || d.name == "sqlite" {
-		d.ok(t, exitNothing, "skip", "--state", "dead", "--yes")
-	} else if _, errs, code := d.run(t, "skip", "--state", "dead", "--yes"); code != exitError || !strings.Contains(errs, "skip needs ordered delivery, which only PostgreSQL and SQLite have") {
-		t.Errorf("skip on %s: exit %d, %q", d.name, code, errs)
-	}
+	// Skip: every dialect has ordered delivery (nothing halted here:
+	// nothing matched).
+	d.ok(t, exitNothing, "skip", "--state", "dead", "--yes")
 	w := lines(t, d.ok(t, 0, "watch", "--count", "2", "--interval", "10ms", "--json"))
 	if len(w) != 2 || w[0]["topic"] != "mail" || w[1]["topic"] != "mail" {
 		t.Errorf("watch --count 2: %v, want two snapshots of topic mail (hook's one message was deleted)", w)
@@ -192,13 +173,7 @@ func count(t *testing.T, ob *outbox.Outbox, d db, f outbox.Filter) int64 {
 // TestConfirm: on a terminal, a destructive command asks and acts only on
 // yes.
 func TestConfirm(t *testing.T) {
-	d := sqliteDB(t)
-	d.dialect = sqlite.Dialect()
-	d.ok(t, 0, "migrate", "up")
-	ob, err := outbox.New(d.dialect, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, ob := sqliteOutbox(t)
 	res := d.seed(t, ob, outbox.Message{Topic: "t", Delay: time.Hour})
 	for _, c := range []struct {
 		answer string
@@ -231,20 +206,20 @@ func TestKindOf(t *testing.T) {
 	}
 }
 
-// TestSkip: on PostgreSQL and SQLite, skip takes the dead head that halts
-// an ordered key (by id or filter), asks for --yes, says what it would
-// change with --dry-run, and logs who skipped what and how many; the key
-// goes on.
+// TestSkip: on PostgreSQL, SQLite and MySQL/MariaDB, skip takes the dead
+// head that halts an ordered key (by id or filter), asks for --yes, says
+// what it would change with --dry-run, and logs who skipped what and how
+// many; the key goes on. Its help names the three.
 func TestSkip(t *testing.T) {
-	t.Run("postgres", func(t *testing.T) {
-		d := postgresDB(t)
-		d.dialect = postgres.Dialect()
-		testSkip(t, d)
-	})
-	t.Run("sqlite", func(t *testing.T) {
+	eachDB(t, testSkip)
+	t.Run("help", func(t *testing.T) {
 		d := sqliteDB(t)
-		d.dialect = sqlite.Dialect()
-		testSkip(t, d)
+		for _, args := range [][]string{{"skip", "--help"}, {"help"}} {
+			_, errs, code := d.run(t, args...)
+			if code != 0 || !strings.Contains(errs, "skip dead messages that halt their ordered key (PostgreSQL, SQLite, MySQL/MariaDB)") {
+				t.Errorf("oncommit %s: exit %d, %q", strings.Join(args, " "), code, errs)
+			}
+		}
 	})
 }
 
@@ -287,4 +262,222 @@ func testSkip(t *testing.T, d db) {
 	if code != 0 || lines(t, out)[0]["changed"] != 1.0 || !strings.Contains(errs, "action=purge actor="+defaultActor()) || !strings.HasPrefix(defaultActor(), "cli") {
 		t.Errorf("purge: exit %d, %q, %q (actor %s)", code, out, errs, defaultActor())
 	}
+}
+
+// TestMigrateDownNeedsYes: without --yes, migrate down reverts nothing and
+// says which migration it would revert and how many undelivered messages
+// the table holds (exit 2); the first migration's says it drops them.
+// With --yes it reverts, down to the table's drop.
+func TestMigrateDownNeedsYes(t *testing.T) {
+	eachDB(t, func(t *testing.T, d db) {
+		d.ok(t, 0, "migrate", "up")
+		ob, err := outbox.New(d.dialect, outbox.Config{Table: d.table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.seed(t, ob, outbox.Message{Topic: "a"}, outbox.Message{Topic: "a", Delay: time.Hour}, outbox.Message{Topic: "a"}, outbox.Message{Topic: "done"})
+		if _, err := d.pool.Exec("UPDATE " + d.table + " SET state = 'delivered' WHERE topic = 'done'"); err != nil {
+			t.Fatal(err)
+		}
+		applied := func() int {
+			n := 0
+			for _, m := range lines(t, d.ok(t, 0, "migrate", "status", "--json")) {
+				if m["applied"] == true {
+					n++
+				}
+			}
+			return n
+		}
+		for left := applied(); left > 0; left-- {
+			_, errs, code := d.run(t, "migrate", "down")
+			want := "(table " + d.table + " and its 3 undelivered message(s) stay); pass --yes"
+			if left == 1 {
+				want = "0001_init, which drops table " + d.table + " and the 3 undelivered message(s) in it; pass --yes"
+			}
+			if code != exitUsage || !strings.Contains(errs, "not confirmed: migrate down would revert") || !strings.Contains(errs, want) {
+				t.Fatalf("migrate down without --yes, %d applied: exit %d, %q, want it to say %q", left, code, errs, want)
+			}
+			if n := applied(); n != left {
+				t.Fatalf("migrate down without --yes reverted a migration: %d applied, want %d", n, left)
+			}
+			if n := count(t, ob, d, outbox.Filter{}); n != 4 {
+				t.Fatalf("migrate down without --yes: %d messages, want 4", n)
+			}
+			d.ok(t, 0, "migrate", "down", "--yes")
+		}
+		if n := applied(); n != 0 {
+			t.Errorf("after every down: %d applied", n)
+		}
+		if _, err := ob.Count(context.Background(), sqlDB(d), outbox.Filter{}); err == nil {
+			t.Error("the table is still there after the first migration's down")
+		}
+		d.ok(t, exitNothing, "migrate", "down", "--yes")
+	})
+}
+
+// hookReader runs hook before its first read: what happens while an
+// operator reads a confirmation question.
+type hookReader struct {
+	hook func()
+	r    io.Reader
+}
+
+func (h *hookReader) Read(p []byte) (int, error) {
+	if h.hook != nil {
+		h.hook()
+		h.hook = nil
+	}
+	return h.r.Read(p)
+}
+
+// TestConfirmActsOnWhatItShowed: a confirmed action changes only the
+// messages its question counted, not one published while the operator
+// answered; a confirmed purge deletes only messages settled before the
+// cut-off of its count, not one that aged past the cut-off meanwhile.
+func TestConfirmActsOnWhatItShowed(t *testing.T) {
+	d, ob := sqliteOutbox(t)
+	d.seed(t, ob, outbox.Message{Topic: "t", Delay: time.Hour}, outbox.Message{Topic: "t", Delay: time.Hour})
+	var late []outbox.Result
+	var out, errb bytes.Buffer
+	cl := &cli{stdin: &hookReader{hook: func() { late = d.seed(t, ob, outbox.Message{Topic: "t", Delay: time.Hour}) }, r: strings.NewReader("y\n")},
+		stdout: &out, stderr: &errb, terminal: true}
+	code := cl.run(context.Background(), []string{"delete", "--topic", "t", "--dsn", d.dsn, "--json"})
+	if code != exitOK || !strings.Contains(errb.String(), `delete 2 message(s) matching topic="t"? [y/N]`) {
+		t.Fatalf("delete: exit %d, %q", code, errb.String())
+	}
+	if got := lines(t, out.String()); len(got) != 1 || got[0]["changed"] != 2.0 {
+		t.Errorf("delete confirmed for 2 messages: %v", got)
+	}
+	if _, err := ob.Get(context.Background(), sqlDB(d), late[0].ID); err != nil {
+		t.Errorf("the message published while the question was asked: %v, want it left alone", err)
+	}
+
+	// Purge: two dead messages, one settled two hours ago, one that
+	// reaches an hour's age while the question is asked.
+	res := d.seed(t, ob, outbox.Message{Topic: "p"}, outbox.Message{Topic: "p"})
+	failAll(t, ob, d.pool, "p", 2)
+	const ago = "CAST(unixepoch('subsec') * 1000 AS INTEGER) - "
+	if _, err := d.pool.Exec("UPDATE outbox SET settled_at = "+ago+"7200000 WHERE id = ?", res[0].ID.String()); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	cl.stdin = &hookReader{hook: func() {
+		time.Sleep(300 * time.Millisecond)
+		if _, err := d.pool.Exec("UPDATE outbox SET settled_at = "+ago+"3600100 WHERE id = ?", res[1].ID.String()); err != nil {
+			t.Error(err)
+		}
+	}, r: strings.NewReader("y\n")}
+	code = cl.run(context.Background(), []string{"purge", "--states", "dead", "--older-than", "1h", "--dsn", d.dsn, "--json"})
+	if code != exitOK || !strings.Contains(errb.String(), "purge 1 message(s), state=dead settled<1h0m0s ago? [y/N]") {
+		t.Fatalf("purge: exit %d, %q", code, errb.String())
+	}
+	if got := lines(t, out.String()); len(got) != 1 || got[0]["changed"] != 1.0 {
+		t.Errorf("purge confirmed for 1 message: %v", got)
+	}
+	if m, err := ob.Get(context.Background(), sqlDB(d), res[1].ID); err != nil || m.State != outbox.StateDead {
+		t.Errorf("the message that aged past the cut-off while the question was asked: %+v, %v, want it kept", m, err)
+	}
+}
+
+// TestHumanOutputEscapesControls: stats, list and show write the control
+// characters of a message's topic, key, error, headers and payload (ESC,
+// CR, the C1 CSI U+009B) as Go escapes, so message data cannot drive the
+// operator's terminal; --json is unchanged.
+func TestHumanOutputEscapesControls(t *testing.T) {
+	d, ob := sqliteOutbox(t)
+	const topic, key = "red\x1b[31m", "k\x1b]0;owned\x07\r"
+	res := d.seed(t, ob, outbox.Message{Topic: topic, Key: key, Payload: []byte("{\"p\":\"\u009b2J\"}"), Headers: map[string]string{"h": "\u009b31m"}})
+	if _, err := d.pool.Exec("UPDATE outbox SET last_error = ? WHERE id = ?", "boom\x1b[2J\x1b[H", res[0].ID.String()); err != nil {
+		t.Fatal(err)
+	}
+	id := res[0].ID.String()
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"stats"}, []string{`red\x1b[31m`}},
+		{[]string{"list"}, []string{`red\x1b[31m`, `k\x1b]0;owned\a\r`, `boom\x1b[2J\x1b[H`}},
+		{[]string{"show", id}, []string{`red\x1b[31m`, `k\x1b]0;owned\a\r`, `boom\x1b[2J\x1b[H`, `"h": "\u009b31m"`, `"p": "\u009b2J"`}},
+	} {
+		out := d.ok(t, 0, c.args...)
+		if strings.ContainsAny(out, "\x1b\x07\r\u009b") {
+			t.Errorf("oncommit %s wrote a control character: %q", c.args[0], out)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("oncommit %s: %q lacks %q", c.args[0], out, w)
+			}
+		}
+	}
+	if got := lines(t, d.ok(t, 0, "show", id, "--json")); got[0]["topic"] != topic || got[0]["key"] != key || got[0]["last_error"] != "boom\x1b[2J\x1b[H" {
+		t.Errorf("show --json: %v", got)
+	}
+}
+
+// serve starts oncommit serve with args on d and returns the address it
+// serves on and what it wrote on stderr until it said so; the process is
+// killed at cleanup.
+func (d db) serve(t *testing.T, args ...string) (addr, stderr string) {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"serve", "--dsn", d.dsn, "--table", d.table}, args...)...)
+	cmd.Env = append(os.Environ(), "OUTBOX_DSN=", "DATABASE_URL=")
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	re := regexp.MustCompile(`dashboard of \S+ on http://(\S+)/`)
+	var b strings.Builder
+	for sc := bufio.NewScanner(pipe); sc.Scan(); {
+		b.WriteString(sc.Text() + "\n")
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			go func() { _, _ = io.Copy(io.Discard, pipe) }()
+			return m[1], b.String()
+		}
+	}
+	t.Fatalf("oncommit serve %s did not start: %q", strings.Join(args, " "), b.String())
+	return "", ""
+}
+
+// TestServeHosts: oncommit serve answers the host of --addr, localhost
+// and the names of --allowed-hosts, and refuses others (421); it refuses
+// --actions on an address that is not a loopback one unless
+// --remote-actions, which it then warns about.
+func TestServeHosts(t *testing.T) {
+	d, _ := sqliteOutbox(t)
+	addr, _ := d.serve(t, "--addr", "127.0.0.1:0", "--actions", "--allowed-hosts", "ops.example.com, ops2.example.com")
+	_, port, _ := net.SplitHostPort(addr)
+	for host, want := range map[string]int{
+		addr: 200, "localhost:" + port: 200, "ops.example.com": 200, "OPS2.example.com:" + port: 200,
+		"evil.example.com:" + port: http.StatusMisdirectedRequest,
+	} {
+		req, err := http.NewRequest("GET", "http://"+addr+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+	if _, errs, code := d.run(t, "serve", "--addr", "0.0.0.0:0", "--actions"); code != exitUsage || !strings.Contains(errs, "not a loopback address") || !strings.Contains(errs, "--remote-actions") {
+		t.Errorf("serve --actions on 0.0.0.0: exit %d, %q", code, errs)
+	}
+	if _, errs, code := d.run(t, "serve", "--addr", "127.0.0.1:0", "--allowed-hosts", "ops.example.com:8443"); code != exitUsage || !strings.Contains(errs, "AllowedHosts") {
+		t.Errorf("serve --allowed-hosts with a port: exit %d, %q", code, errs)
+	}
+	if _, errs := d.serve(t, "--addr", "0.0.0.0:0", "--actions", "--remote-actions"); !strings.Contains(errs, "level=WARN") || !strings.Contains(errs, "non-loopback address") {
+		t.Errorf("serve --actions --remote-actions on 0.0.0.0: %q, want a warning", errs)
+	}
+	// Read-only on every address: no refusal.
+	d.serve(t, "--addr", "0.0.0.0:0")
 }

@@ -21,10 +21,19 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
-// flagSet returns a flag set for command name with the global flags.
+// flagSet returns a flag set for command name with the global flags; its
+// usage (oncommit COMMAND -h) says what the command does, then its flags.
 func (c *cli) flagSet(name string, g *globals) *flag.FlagSet {
 	fs := flag.NewFlagSet("oncommit "+name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
+	fs.Usage = func() {
+		for _, cmd := range commands {
+			if cmd.name == name {
+				fmt.Fprintf(c.stderr, "usage: oncommit %s %s\n\n%s.\n\nflags:\n", name, cmd.args, cmd.help)
+			}
+		}
+		fs.PrintDefaults()
+	}
 	g.register(fs)
 	return fs
 }
@@ -135,7 +144,10 @@ func connect(ctx context.Context, c *cli, name string, args []string, extra func
 }
 
 func runMigrate(ctx context.Context, c *cli, args []string) error {
-	t, g, rest, err := connect(ctx, c, "migrate", args, nil)
+	var yes bool
+	t, g, rest, err := connect(ctx, c, "migrate", args, func(fs *flag.FlagSet) {
+		fs.BoolVar(&yes, "yes", false, "migrate down: revert the latest migration (without it, down says what it would drop and changes nothing)")
+	})
 	if err != nil {
 		return err
 	}
@@ -165,8 +177,21 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 		}
 		return out.flush()
 	case "down":
-		m, err := t.migrateDown(ctx)
+		m, drops, err := t.latestApplied(ctx)
 		if err != nil {
+			return err
+		}
+		if !yes {
+			n, err := t.undelivered(ctx)
+			if err != nil {
+				return err
+			}
+			if drops {
+				return usageErr("not confirmed: migrate down would revert %04d_%s, which drops table %s and the %d undelivered message(s) in it; pass --yes to revert it", m.Version, m.Name, t.table, n)
+			}
+			return usageErr("not confirmed: migrate down would revert %04d_%s (table %s and its %d undelivered message(s) stay); pass --yes to revert it", m.Version, m.Name, t.table, n)
+		}
+		if err := t.migrateDown(ctx, m); err != nil {
 			return err
 		}
 		out := newOut(c.stdout, g.json, "reverted", "")
@@ -381,12 +406,12 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 		{"created", m.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available", m.AvailableAt.UTC().Format(time.RFC3339Nano)},
 		{"settled", settled}, {"dedup key", m.DedupKey}, {"last error", m.LastError},
 	} {
-		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], printable(kv[1], false))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "headers:\n%s\npayload:\n%s\n", pretty(m.Headers), pretty(m.Payload))
+	fmt.Fprintf(c.stdout, "headers:\n%s\npayload:\n%s\n", printable(pretty(m.Headers), true), printable(pretty(m.Payload), true))
 	return nil
 }
 
@@ -421,58 +446,6 @@ func defaultActor() string {
 
 // actionLog is the logger of the actions' lines: text on stderr.
 func (c *cli) actionLog() *slog.Logger { return slog.New(slog.NewTextHandler(c.stderr, nil)) }
-
-// countSkippable counts the dead messages matching f that halt their key:
-// what a skip would change now.
-func countSkippable(ctx context.Context, t *target, f outbox.Filter) (int64, error) {
-	var n int64
-	for {
-		p, err := t.ob.List(ctx, t.odb, f, outbox.MaxPageSize)
-		if err != nil {
-			return n, err
-		}
-		for _, m := range p.Messages {
-			if m.Key != "" && m.SettledAt.IsZero() { // a halted head is dead and unsettled
-				n++
-			}
-		}
-		if p.Next.IsZero() {
-			return n, nil
-		}
-		f.After = p.Next
-	}
-}
-
-// sourceStates narrows f's states to those action a changes, for a dry
-// run's count.
-func sourceStates(a outbox.Action, f outbox.Filter) outbox.Filter {
-	var from []outbox.State
-	switch a {
-	case outbox.ActRedrive, outbox.ActSkip:
-		from = []outbox.State{outbox.StateDead}
-	case outbox.ActRetry:
-		from = []outbox.State{outbox.StatePending}
-	default:
-		from = []outbox.State{outbox.StatePending, outbox.StateDead, outbox.StateDelivered}
-	}
-	if len(f.States) == 0 {
-		f.States = from
-		return f
-	}
-	var both []outbox.State
-	for _, s := range f.States {
-		for _, x := range from {
-			if s == x {
-				both = append(both, s)
-			}
-		}
-	}
-	if len(both) == 0 {
-		both = []outbox.State{"none"} // nothing: refused below as a bad state
-	}
-	f.States = both
-	return f
-}
 
 // confirm asks on the terminal; without one, --yes is required.
 func (c *cli) confirm(question string, yes bool) error {
@@ -510,27 +483,17 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 		if err != nil {
 			return err
 		}
-		if a == outbox.ActSkip && !t.ob.OrdersByKey() {
-			if ordered(t.kind) { // see open: a name too long for its keys table
-				return fmt.Errorf("%w: skip needs ordered delivery, which table %s cannot have (its name is too long for its keys table)", outbox.ErrUnsupported, t.table)
-			}
-			return fmt.Errorf("%w: skip needs ordered delivery, which only PostgreSQL and SQLite have (this is %s): no key is halted, nothing to skip", outbox.ErrUnsupported, t.kind)
+		if a == outbox.ActSkip && !t.ob.OrdersByKey() { // see open: a name too long for its keys table
+			return fmt.Errorf("%w: skip needs ordered delivery, which table %s cannot have (its name is too long for its keys table)", outbox.ErrUnsupported, t.table)
 		}
-		// The count says how many messages the action would change now
-		// (for retry: pending ones, due or not; for skip: dead ones that
-		// halt their key).
-		src := sourceStates(a, f)
-		n := int64(0)
-		if src.States[0] != "none" {
-			if a == outbox.ActSkip {
-				n, err = countSkippable(ctx, t, src)
-			} else {
-				n, err = t.ob.Count(ctx, t.odb, src)
-			}
-			if err != nil {
-				return asUsage(err)
-			}
+		// The messages the action would change now (for retry: pending
+		// ones, due or not; for skip: dead ones that halt their key): the
+		// count asked about, and all the action may change once confirmed.
+		ids, err := t.ob.Targets(ctx, t.odb, a, f)
+		if err != nil {
+			return asUsage(err)
 		}
+		n := len(ids)
 		what := outbox.FilterString(f)
 		if dry {
 			out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
@@ -540,7 +503,7 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 		if err := c.confirm(fmt.Sprintf("%s %d message(s) matching %s?", name, n, what), yes); err != nil {
 			return err
 		}
-		changed, err := t.ob.Act(ctx, t.odb, a, f, &outbox.ActOptions{Actor: actor, Logger: c.actionLog()})
+		changed, err := t.ob.ActOn(ctx, t.odb, a, f, ids, &outbox.ActOptions{Actor: actor, Logger: c.actionLog()})
 		if err != nil {
 			return asUsage(err)
 		}
@@ -575,11 +538,15 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if len(rest) > 0 {
 		return usageErr("purge takes no arguments")
 	}
+	if olderThan < 0 {
+		return usageErr("--older-than %v: must not be negative", olderThan)
+	}
 	var ss []outbox.State
 	for _, s := range strings.Split(states, ",") {
 		ss = append(ss, outbox.State(strings.TrimSpace(s)))
 	}
-	f := outbox.Filter{States: ss, SettledTo: time.Now().Add(-olderThan)}
+	asOf := time.Now()
+	f := outbox.Filter{States: ss, SettledTo: asOf.Add(-olderThan)}
 	n, err := t.ob.Count(ctx, t.odb, f)
 	if err != nil {
 		return asUsage(err)
@@ -593,6 +560,9 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if err := c.confirm(fmt.Sprintf("purge %d message(s), %s?", n, what), yes); err != nil {
 		return err
 	}
+	// The messages counted: settled before asOf less the age, rounded up
+	// (none that grew old enough while the question was asked).
+	olderThan = (olderThan + time.Since(asOf) + time.Millisecond - 1).Truncate(time.Millisecond)
 	deleted, err := t.ob.Purge(ctx, t.odb, outbox.PurgeOptions{States: ss, OlderThan: olderThan,
 		Operator: &outbox.ActOptions{Actor: actor, Logger: c.actionLog()}})
 	if err != nil {
@@ -613,12 +583,26 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+// splitList returns the comma-separated items of s, trimmed, without
+// empty ones.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
 func runServe(ctx context.Context, c *cli, args []string) error {
-	var addr, title string
-	var actions bool
+	var addr, title, hosts string
+	var actions, remote bool
 	t, _, rest, err := connect(ctx, c, "serve", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&addr, "addr", "127.0.0.1:8080", "listen address (the dashboard has no authentication of its own: keep it on localhost or behind a proxy that has)")
-		fs.BoolVar(&actions, "actions", false, "enable the redrive, retry and delete buttons")
+		fs.BoolVar(&actions, "actions", false, "enable the redrive, retry, delete, skip and purge buttons (on a loopback address only, unless --remote-actions)")
+		fs.BoolVar(&remote, "remote-actions", false, "allow --actions on an address that is not a loopback one: only behind a proxy that authenticates every request")
+		fs.StringVar(&hosts, "allowed-hosts", "", "host names the dashboard is reached by, comma-separated, beyond localhost, the loopback addresses, the address it serves on and the host of --addr (\"*\": any, when a proxy checks the Host)")
 		fs.StringVar(&title, "title", "", "page title (default: Outbox)")
 	})
 	if err != nil {
@@ -628,15 +612,30 @@ func runServe(ctx context.Context, c *cli, args []string) error {
 	if len(rest) > 0 {
 		return usageErr("serve takes no arguments")
 	}
+	allowed := splitList(hosts)
+	if h, _, err := net.SplitHostPort(addr); err == nil && h != "" {
+		allowed = append(allowed, h) // the name (or address) of --addr
+	}
 	log := slog.New(slog.NewTextHandler(c.stderr, nil))
-	dash, err := dashboard.New(dashboard.Config{Outbox: t.ob, DB: t.odb, Actions: actions, Logger: log, Title: title,
+	dash, err := dashboard.New(dashboard.Config{Outbox: t.ob, DB: t.odb, Actions: actions, AllowedHosts: allowed, Logger: log, Title: title,
 		Actor: func(r *http.Request) string { return "dashboard " + r.RemoteAddr }})
 	if err != nil {
+		var ce *outbox.ConfigError
+		if errors.As(err, &ce) {
+			return usageErr("--allowed-hosts: %v", err)
+		}
 		return err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
+	}
+	if ip := ln.Addr().(*net.TCPAddr).IP; actions && !ip.IsLoopback() {
+		if !remote {
+			ln.Close()
+			return usageErr("--actions on %s, not a loopback address: the dashboard has no authentication of its own, so whoever reaches it could redrive, delete and purge messages; serve it on 127.0.0.1 (reach it through an SSH tunnel), or pass --remote-actions when a proxy in front authenticates every request", ln.Addr())
+		}
+		log.Warn("oncommit: dashboard actions served on a non-loopback address without authentication of their own (--remote-actions): only a proxy in front that authenticates every request keeps others out", "addr", ln.Addr().String())
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", dash)

@@ -19,6 +19,9 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/oncommit/oncommit/adapters/sqltx"
+	mysqldialect "github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -63,6 +66,40 @@ func sqliteDB(t *testing.T) db {
 		t.Fatalf("%s read as %s", dsn, k)
 	}
 	return db{name: "sqlite", dsn: dsn, table: "outbox", pool: pool}
+}
+
+// sqliteOutbox returns a migrated SQLite database and an Outbox of its
+// table.
+func sqliteOutbox(t *testing.T) (db, *outbox.Outbox) {
+	d := sqliteDB(t)
+	d.dialect = sqlite.Dialect()
+	d.ok(t, 0, "migrate", "up")
+	ob, err := outbox.New(d.dialect, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, ob
+}
+
+// eachDB runs f, in parallel, on a fresh database of each kind: SQLite,
+// PostgreSQL and MySQL/MariaDB, with its dialect.
+func eachDB(t *testing.T, f func(t *testing.T, d db)) {
+	for _, c := range []struct {
+		name string
+		open func(t *testing.T) db
+		d    outbox.Dialect
+	}{
+		{"sqlite", sqliteDB, sqlite.Dialect()},
+		{"postgres", postgresDB, postgres.Dialect()},
+		{"mysql", mysqlDB, mysqldialect.Dialect()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := c.open(t)
+			d.dialect = c.d
+			f(t, d)
+		})
+	}
 }
 
 func postgresDB(t *testing.T) db {
@@ -110,11 +147,14 @@ func mysqlDB(t *testing.T) db {
 }
 
 // run runs the binary with args and the database's --dsn and --table, and
-// returns its stdout, stderr and exit code.
+// returns its stdout, stderr and exit code (-1 when it ran for a minute
+// and was killed).
 func (d db) run(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	args = append(args, "--dsn", d.dsn, "--table", d.table)
-	cmd := exec.Command(binary, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Env = append(os.Environ(), "OUTBOX_DSN=", "DATABASE_URL=")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

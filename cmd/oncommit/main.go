@@ -105,7 +105,7 @@ func init() {
 		{"redrive", "[ID...] [filters]", "make dead messages pending, due now, with fresh attempts", runAct("redrive")},
 		{"retry", "[ID...] [filters]", "make pending messages that wait for a retry or a delay due now", runAct("retry")},
 		{"delete", "[ID...] [filters]", "delete messages (never one a handler is running)", runAct("delete")},
-		{"skip", "[ID...] [filters]", "skip dead messages that halt their key (ordered delivery: PostgreSQL, SQLite)", runAct("skip")},
+		{"skip", "[ID...] [filters]", "skip dead messages that halt their ordered key (PostgreSQL, SQLite, MySQL/MariaDB)", runAct("skip")},
 		{"purge", "[--older-than D] [--states dead,delivered]", "delete dead and delivered messages settled long ago", runPurge},
 		{"serve", "[--addr A] [--actions]", "serve the web dashboard", runServe},
 	}

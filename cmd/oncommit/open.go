@@ -101,12 +101,12 @@ func open(ctx context.Context, g *globals) (*target, error) {
 		t.db.Close()
 		return nil, fmt.Errorf("connect to %s: %w", kind, err)
 	}
-	// On PostgreSQL and SQLite the tool reads and acts on the table as an
-	// ordered Outbox: its stats count blocked keys, and skip works. Their
-	// migrations create the keys table; an ordered Outbox that never
-	// publishes sends the same listings and actions as a plain one.
-	cfg := outbox.Config{Table: table, OrderByKey: ordered(kind)}
-	if t.ob, err = outbox.New(t.dialect, cfg); err != nil && cfg.OrderByKey {
+	// The tool reads and acts on the table as an ordered Outbox: its stats
+	// count blocked keys, and skip works. Every dialect's migrations
+	// create the keys table; an ordered Outbox that never publishes sends
+	// the same listings and actions as a plain one.
+	cfg := outbox.Config{Table: table, OrderByKey: true}
+	if t.ob, err = outbox.New(t.dialect, cfg); err != nil {
 		cfg.OrderByKey = false // a table name too long for its keys table: no skip
 		t.ob, err = outbox.New(t.dialect, cfg)
 	}
@@ -202,41 +202,58 @@ func (t *target) trackExists(ctx context.Context) (bool, error) {
 	return n > 0, err
 }
 
-// migrateDown reverts the latest applied migration and returns it.
-func (t *target) migrateDown(ctx context.Context) (migrations.Migration, error) {
-	migs, track, ph, err := t.migrationSet()
+// latestApplied returns the latest applied migration, and whether it is
+// the first one, the one that creates the table (its down file drops the
+// table); errNothing when none is applied.
+func (t *target) latestApplied(ctx context.Context) (migrations.Migration, bool, error) {
+	migs, _, _, err := t.migrationSet()
 	if err != nil {
-		return migrations.Migration{}, err
+		return migrations.Migration{}, false, err
 	}
 	done, err := t.applied(ctx)
 	if err != nil {
-		return migrations.Migration{}, err
+		return migrations.Migration{}, false, err
 	}
 	for i := len(migs) - 1; i >= 0; i-- {
-		m := migs[i]
-		if !done[m.Version] {
-			continue
+		if done[migs[i].Version] {
+			return migs[i], i == 0, nil
 		}
-		if m.Down == "" {
-			return m, fmt.Errorf("migration %04d_%s has no down file", m.Version, m.Name)
-		}
-		tx, err := t.db.BeginTx(ctx, nil)
-		if err != nil {
-			return m, err
-		}
-		if _, err := tx.ExecContext(ctx, m.Down); err != nil {
-			_ = tx.Rollback()
-			return m, fmt.Errorf("migration %04d_%s down: %w", m.Version, m.Name, err)
-		}
-		del := "DELETE FROM " + track + " WHERE table_name = " + ph + " AND version = " + strings.Replace(ph, "1", "2", 1)
-		if _, err := tx.ExecContext(ctx, del, t.table.Name, m.Version); err != nil {
-			_ = tx.Rollback()
-			return m, err
-		}
-		return m, tx.Commit()
 	}
-	return migrations.Migration{}, errNothing
+	return migrations.Migration{}, false, errNothing
 }
 
-// ordered reports whether the dialect of kind delivers in order per key.
-func ordered(kind string) bool { return kind == "postgres" || kind == "sqlite" }
+// migrateDown reverts m, the latest applied migration.
+func (t *target) migrateDown(ctx context.Context, m migrations.Migration) error {
+	_, track, ph, err := t.migrationSet()
+	if err != nil {
+		return err
+	}
+	if m.Down == "" {
+		return fmt.Errorf("migration %04d_%s has no down file", m.Version, m.Name)
+	}
+	tx, err := t.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, m.Down); err != nil {
+		_ = tx.Rollback()
+		return fmt.Errorf("migration %04d_%s down: %w", m.Version, m.Name, err)
+	}
+	del := "DELETE FROM " + track + " WHERE table_name = " + ph + " AND version = " + strings.Replace(ph, "1", "2", 1)
+	if _, err := tx.ExecContext(ctx, del, t.table.Name, m.Version); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// undelivered counts the messages of the table not delivered yet:
+// pending, blocked, processing and dead.
+func (t *target) undelivered(ctx context.Context) (int64, error) {
+	all, err := t.ob.Count(ctx, t.odb, outbox.Filter{})
+	if err != nil {
+		return 0, err
+	}
+	delivered, err := t.ob.Count(ctx, t.odb, outbox.Filter{States: []outbox.State{outbox.StateDelivered}})
+	return all - delivered, err
+}

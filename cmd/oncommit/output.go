@@ -4,11 +4,38 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 )
 
+// printable returns s with its control characters (ESC, CR, BEL, tab, the
+// C1 controls such as U+009B) and its invalid UTF-8 bytes written as Go
+// escapes (\x1b, \r, \u009b, \xff), so that text from messages cannot
+// drive the operator's terminal; keepNL keeps newlines (of a multi-line
+// payload) as they are.
+func printable(s string, keepNL bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unicode.IsControl(r) && !(keepNL && r == '\n'):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
 // out writes rows as an aligned table with a header, or as one JSON object
-// per line.
+// per line. A table's cells go through printable.
 type out struct {
 	w      io.Writer
 	asJSON bool
@@ -33,7 +60,7 @@ func (o *out) cells(cells ...any) {
 		if i > 0 {
 			fmt.Fprint(o.tw, "\t")
 		}
-		fmt.Fprint(o.tw, c)
+		fmt.Fprint(o.tw, printable(fmt.Sprint(c), false))
 	}
 	fmt.Fprintln(o.tw)
 }
