@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 	"go.uber.org/goleak"
@@ -315,5 +318,161 @@ func TestShutdownLetsClaimFinish(t *testing.T) {
 				t.Errorf("%d rows left, want %d: the claimed messages' outcomes were not written", left, 5-c.handed)
 			}
 		})
+	}
+}
+
+// renewDB passes every statement to a PostgreSQL pool, and calls renew
+// before each lease renewal of table t is sent; an error from it is the
+// renewal's.
+type renewDB struct {
+	outbox.DB
+	renewSQL string
+	renew    func() error
+}
+
+func newRenewDB(t *testing.T, e *env, renew func() error) *renewDB {
+	return &renewDB{DB: pgxtx.FromPool(pool(t)), renewSQL: postgres.RenewSQL(e.ob.Table()), renew: renew}
+}
+
+func (d *renewDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {
+	if q == d.renewSQL {
+		if err := d.renew(); err != nil {
+			return nil, err
+		}
+	}
+	return d.DB.QueryDB(ctx, q, args...)
+}
+
+// renewalRun publishes one message of topic t per key, in one transaction
+// (so that one claim takes them all), and runs a relay on db (lease lease,
+// logging to a buffer, with an observer) whose handler returns once
+// release(d.Key) is closed, or records that its context was cancelled.
+// Once every message is settled it stops the relay and fails t if a
+// handler was cancelled, a message delivered twice, or a lost lease logged
+// or observed; it returns the relay's log.
+func renewalRun(t *testing.T, e *env, db outbox.DB, lease time.Duration, keys []string, release func(key string) <-chan struct{}) string {
+	t.Helper()
+	var logs logBuffer
+	obs := &obsRecorder{}
+	r, err := e.ob.Relay(db, fast(t, outbox.RelayConfig{Lease: lease, Observer: obs, Logger: logs.logger(), Listen: outbox.ListenOff}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	var cancelled atomic.Int32
+	r.Handle("t", func(ctx context.Context, d outbox.Delivery) error {
+		rec.add(d)
+		select {
+		case <-release(d.Key):
+			return nil
+		case <-ctx.Done():
+			cancelled.Add(1)
+			return ctx.Err()
+		}
+	})
+	msgs := make([]outbox.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = outbox.Message{Topic: "t", Key: k}
+	}
+	tx, err := pool(t).Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.ob.PublishBatch(context.Background(), pgxtx.From(tx), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rr := start(t, r)
+	eventually(t, 20*time.Second, "the messages settled", func() bool { return count(t, e.table, "") == 0 })
+	rr.stop(t)
+	if n := cancelled.Load(); n != 0 {
+		t.Errorf("%d handlers' contexts cancelled, want none", n)
+	}
+	for _, m := range res {
+		if a := rec.attempts(m.ID); len(a) != 1 {
+			t.Errorf("message %s: attempts %v, want [1]", m.ID, a)
+		}
+	}
+	if strings.Contains(logs.String(), "lease lost") {
+		t.Errorf("a lease lost was logged:\n%s", logs.String())
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.lost) != 0 {
+		t.Errorf("lease lost events %+v, want none", obs.lost)
+	}
+	return logs.String()
+}
+
+// TestRenewalRacingSettleNotLost: a renewal lists the running handlers of
+// two messages, a and b; a's handler returns and its outcome is written
+// before the renewal's statement runs, which then finds a gone. That is no
+// lost lease: nothing is cancelled, warned about or observed as lost.
+// (b's handler returns at the next renewal, by which time the relay has
+// handled the first renewal's answer.)
+func TestRenewalRacingSettleNotLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	admin := pgtest.Admin(t)
+	renewing, next := make(chan struct{}), make(chan struct{})
+	var renewals atomic.Int32
+	db := newRenewDB(t, e, func() error {
+		switch renewals.Add(1) {
+		case 1:
+			close(renewing) // a's handler returns,
+			// and its outcome is written before the renewal is sent.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				var n int
+				if err := admin.QueryRow(`SELECT count(*) FROM ` + e.table).Scan(&n); err != nil || n == 1 || time.Now().After(deadline) {
+					if err != nil || n != 1 {
+						t.Errorf("waiting for a's outcome to be written: %d rows left, %v", n, err)
+					}
+					return nil
+				}
+			}
+		case 2:
+			close(next)
+		}
+		return nil
+	})
+	// A lease of 3s: ticks every 500 ms, a first renewal after 1 s, b's
+	// lease kept while the renewal waits for a's outcome.
+	renewalRun(t, e, db, 3*time.Second, []string{"a", "b"}, func(key string) <-chan struct{} {
+		if key == "a" {
+			return renewing
+		}
+		return next
+	})
+}
+
+// TestRenewalRetriedAfterDeadlock: a renewal the database refuses because
+// of contention (a deadlock, 40P01) is sent again at once: no renewal
+// failure is logged (only the refusal, at Debug), the handler keeps its
+// lease and is not cancelled, and the message is delivered once. The
+// handler returns at the second renewal statement.
+func TestRenewalRetriedAfterDeadlock(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, outbox.Config{})
+	var renewals atomic.Int32
+	renewed := make(chan struct{})
+	db := newRenewDB(t, e, func() error {
+		switch renewals.Add(1) {
+		case 1:
+			return &pgconn.PgError{Severity: "ERROR", Code: "40P01", Message: "deadlock detected (injected)"}
+		case 2:
+			close(renewed)
+		}
+		return nil
+	})
+	// A lease of 3s: ticks every 500 ms, a first renewal after 1 s.
+	logs := renewalRun(t, e, db, 3*time.Second, []string{"a"}, func(string) <-chan struct{} { return renewed })
+	if strings.Contains(logs, "lease renewal failed") {
+		t.Errorf("the refused renewal was not sent again at once:\n%s", logs)
+	}
+	if !strings.Contains(logs, "deadlock detected (injected)") {
+		t.Error("the refused renewal was not logged (at Debug)")
 	}
 }
