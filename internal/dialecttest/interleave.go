@@ -263,7 +263,7 @@ func runSchedule(t *testing.T, e *env, name string, lapsed bool, a string, n int
 			return false
 		}
 	}
-	errA, errB, _ := runBlocked(w.g, "B", 150*time.Millisecond, func(ctx context.Context) error { return opNamed(b).run(ctx, w) }, resume)
+	errA, errB, _ := runBlocked(w.g, "B", 100*time.Millisecond, func(ctx context.Context) error { return opNamed(b).run(ctx, w) }, resume)
 	for _, err := range []error{errA, errB} {
 		if err != nil && !retryable(err) {
 			t.Errorf("%s: %v", name, err)
