@@ -1033,13 +1033,13 @@ func (s *modelRun) drain() {
 
 // orderedModel runs seeded random sequences against the dialect and the
 // model: modelSeeds first, then 20 sequences of 15 steps (under
-// OUTBOX_RELIABILITY=long, 300 of 30), each from a seed of its own,
+// OUTBOX_RELIABILITY=long, 70 of 30), each from a seed of its own,
 // logged when it fails; OUTBOX_MODEL_SEED runs that one seed alone.
 func orderedModel(t *testing.T, e *env) {
 	seeds := slices.Clone(modelSeeds)
 	n, steps := 20, 15
 	if os.Getenv("OUTBOX_RELIABILITY") == "long" {
-		n, steps = 300, 30
+		n, steps = 70, 30
 	}
 	for range n {
 		seeds = append(seeds, rand.Uint64())
