@@ -373,7 +373,7 @@ func checkInvariants(t *testing.T, e *env, name string, live map[outboxdriver.Fe
 	t.Helper()
 	ms, ks := readOrdered(t, e)
 	type keyState struct {
-		heads, undelivered int
+		heads, undelivered  int
 		headSeq, minBlocked int64
 		haltedDead          bool
 		maxSeq              int64
