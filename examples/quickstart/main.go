@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,7 @@ func main() {
 
 // run tells the story on w.
 func run(ctx context.Context, w io.Writer) error {
+	w = &lockedWriter{w: w} // the relay runs handlers, which print, concurrently
 	dir, err := os.MkdirTemp("", "oncommit-quickstart-")
 	if err != nil {
 		return err
@@ -224,6 +226,18 @@ func run(ctx context.Context, w io.Writer) error {
 	fmt.Fprintln(w, "their idempotency key. Every replica may run a relay; on PostgreSQL they claim with")
 	fmt.Fprintln(w, "FOR UPDATE SKIP LOCKED and wake on NOTIFY (see README.md).")
 	return nil
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // printTable prints the outbox table on w.
