@@ -190,16 +190,22 @@ WHERE ks.message_key = v.k RETURNING 1`
 }
 
 // RunSettleSQL returns the statements of SettleRuns after the heads are
-// checked: the successes (?1 a JSON array of ids) deleted, or marked
+// checked, each fenced in its own WHERE on the rows it changes (I2): a
+// run's head must still be processing with its claimed attempts, a run
+// member still blocked. The successes (?1 a JSON array of [id, the
+// claimed attempts for a head, null for a run member]) deleted, or marked
 // delivered (keep), returning their keys; the failed messages (?1 a JSON
 // array of [id, head id, kind (1 retry, 2 dead), delay ms, at ms or null,
-// error, halt]) made their keys' heads again (pending after the delay,
-// attempts + 1 for a run member) or dead (settled_at NULL under Halt, so
-// that Purge never deletes a halted head), returning key, key_seq, state
-// and whether settled.
+// error, halt, the head's claimed attempts]) made their keys' heads again
+// (pending after the delay, attempts + 1 for a run member) or dead
+// (settled_at NULL under Halt, so that Purge never deletes a halted head),
+// returning key, key_seq, state and whether settled.
 func RunSettleSQL(t outboxdriver.Table, keep bool) (done, failed string) {
 	tbl := QuoteTable(t)
-	const mine = ` WHERE id IN (SELECT value FROM json_each(?1)) AND state IN ('processing', 'blocked') RETURNING message_key`
+	mine := ` WHERE rowid IN (
+    SELECT o.rowid FROM json_each(?1) AS v JOIN ` + tbl + ` AS o ON o.id = v.value->>0
+    WHERE CASE WHEN v.value->>1 IS NULL THEN o.state = 'blocked' ELSE o.state = 'processing' AND o.attempts = v.value->>1 END)
+RETURNING message_key`
 	done = `DELETE FROM ` + tbl + mine
 	if keep {
 		done = `UPDATE ` + tbl + ` SET state = 'delivered', settled_at = ` + now + `, last_error = NULL` + mine
@@ -211,9 +217,11 @@ func RunSettleSQL(t outboxdriver.Table, keep bool) (done, failed string) {
                         WHEN v.at IS NULL THEN ` + now + ` + v.delay ELSE max(` + now + `, v.at) END,
     settled_at   = CASE WHEN v.kind = 1 OR v.halt THEN NULL ELSE ` + now + ` END,
     last_error   = v.err
-FROM (SELECT value->>0 AS id, value->>1 AS head, value->>2 AS kind, value->>3 AS delay, value->>4 AS at, value->>5 AS err, value->>6 AS halt
+FROM (SELECT value->>0 AS id, value->>1 AS head, value->>2 AS kind, value->>3 AS delay, value->>4 AS at, value->>5 AS err, value->>6 AS halt,
+          value->>7 AS head_attempts
       FROM json_each(?1)) AS v
-WHERE o.id = v.id AND o.state IN ('processing', 'blocked')
+WHERE o.id = v.id
+  AND CASE WHEN o.id = v.head THEN o.state = 'processing' AND o.attempts = v.head_attempts ELSE o.state = 'blocked' END
 RETURNING message_key, key_seq, state, settled_at IS NOT NULL`
 	return done, failed
 }
@@ -228,13 +236,14 @@ WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`
 })
 
 // SettleRuns writes the outcomes in one transaction: it takes the write
-// lock (so it waits for open publishes, and sees what they stored), keeps
-// the runs whose head is still held, writes their successes and failures,
-// counts them in their keys and gives the keys left without a head their
-// next one.
-func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, error) {
+// lock (so it waits for open publishes, and sees what they stored, and
+// never returns busy: no other transaction can hold a key), keeps the runs
+// whose head is still held, writes their successes and failures
+// (RunSettleSQL, fenced on each row it changes), counts them in their
+// keys and gives the keys left without a head their next one.
+func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, []int, error) {
 	if len(runs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	st := runSettleTexts.Get(t)
 	heads := make([]outboxdriver.Fence, len(runs))
@@ -252,8 +261,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 		for _, f := range applied {
 			held[f] = true
 		}
-		var done []string
-		var failed [][]any
+		var done, failed [][]any
 		var keys []string
 		for i := range runs {
 			r := &runs[i]
@@ -262,7 +270,11 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 			}
 			keys = append(keys, r.Key)
 			for _, id := range r.Done {
-				done = append(done, id.String())
+				var fence any // a run member: blocked
+				if id == r.Head.ID {
+					fence = r.Head.Attempts
+				}
+				done = append(done, []any{id.String(), fence})
 			}
 			if k := r.Failed.Kind; k == outboxdriver.SettleRetry || k == outboxdriver.SettleDead {
 				kind := 2
@@ -273,7 +285,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 				if !r.Failed.At.IsZero() {
 					at = r.Failed.At.UnixMilli()
 				}
-				failed = append(failed, []any{r.Failed.ID.String(), r.Head.ID.String(), kind, r.Failed.Delay.Milliseconds(), at, r.Failed.Error, r.Halt && kind == 2})
+				failed = append(failed, []any{r.Failed.ID.String(), r.Head.ID.String(), kind, r.Failed.Delay.Milliseconds(), at, r.Failed.Error, r.Halt && kind == 2, r.Head.Attempts})
 			}
 		}
 		live := map[string]int{}
@@ -319,9 +331,9 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 		return exec(ctx, tx, st.promote, jsonText(keys))
 	})
 	if err != nil {
-		return nil, d.Classify(err)
+		return nil, nil, d.Classify(err)
 	}
-	return applied, nil
+	return applied, nil, nil
 }
 
 // writeKeys adds live[k] to the live count of each key and sets the
@@ -370,31 +382,47 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 }
 
 // RedriveOrderedSQL returns the redrive of the dead ordered messages of
-// table t matching pick (a condition on its columns): they become blocked
-// again at their key_seq, with fresh attempts, due now; it returns each
-// one's key and key_seq. The keys' counts and heads are written after it
-// (redriveKeys).
+// table t matching pick (a condition on its unprefixed columns): they
+// become blocked again, with fresh attempts, due now, each at the place
+// outboxdriver.OrderedDialect's RedriveOrdered gives (I5): the key's
+// halted head (its key_seq the key's halted_seq) keeps its key_seq; any
+// other (dead under the Continue policy, or a skipped head) takes a new
+// key_seq after the key's last_seq, in its old order among those of its
+// key redriven with it. It returns each one's key and key_seq. The keys'
+// counts, last_seq and heads are written after it (RedriveKeysSQL, then
+// PromoteSQL).
 func RedriveOrderedSQL(t outboxdriver.Table, pick string) string {
-	return `UPDATE ` + QuoteTable(t) + ` SET state = 'blocked', attempts_base = attempts, available_at = ` + now + `, settled_at = NULL, last_error = NULL
-WHERE state = 'dead' AND key_seq IS NOT NULL AND ` + pick + ` RETURNING message_key, key_seq`
+	tbl := QuoteTable(t)
+	return `UPDATE ` + tbl + ` AS o SET state = 'blocked', attempts_base = o.attempts, available_at = ` + now + `, settled_at = NULL, last_error = NULL,
+    key_seq = v.seq
+FROM (
+    SELECT d.rid, CASE WHEN d.key_seq IS ks.halted_seq THEN d.key_seq
+        ELSE ks.last_seq + row_number() OVER (PARTITION BY d.message_key, d.key_seq IS ks.halted_seq ORDER BY d.key_seq) END AS seq
+    FROM (SELECT rowid AS rid, message_key, key_seq FROM ` + tbl + ` WHERE state = 'dead' AND key_seq IS NOT NULL AND ` + pick + `) AS d
+    JOIN ` + keysTable(t) + ` AS ks ON ks.message_key = d.message_key) AS v
+WHERE o.rowid = v.rid AND o.state = 'dead'
+RETURNING message_key, key_seq`
 }
 
 // RedriveKeysSQL returns the update of the key rows after a redrive: ?1 a
 // JSON array of [key, key_seq] of the redriven messages. Each counts in
-// its key's live again, but a halted head, which never stopped counting:
+// its key's live again and took a new key_seq (last_seq grows by one),
+// but a halted head, which never stopped counting and kept its key_seq:
 // it no longer halts its key.
 func RedriveKeysSQL(t outboxdriver.Table) string {
 	keys := keysTable(t)
-	return `UPDATE ` + keys + ` AS ks SET live = ks.live + v.n - v.unhalt, halted_seq = CASE WHEN v.unhalt > 0 THEN NULL ELSE ks.halted_seq END
+	return `UPDATE ` + keys + ` AS ks SET live = ks.live + v.n - v.unhalt, last_seq = ks.last_seq + v.n - v.unhalt,
+    halted_seq = CASE WHEN v.unhalt > 0 THEN NULL ELSE ks.halted_seq END
 FROM (SELECT r.value->>0 AS k, count(*) AS n, sum(r.value->>1 IS kk.halted_seq) AS unhalt
       FROM json_each(?1) r JOIN ` + keys + ` kk ON kk.message_key = r.value->>0 GROUP BY 1) AS v
 WHERE ks.message_key = v.k RETURNING 1`
 }
 
 // redriveOrdered redrives, on transaction tx, the dead ordered messages
-// that q (RedriveOrderedSQL) picks, re-counts them in their keys and gives
-// the keys left without a head their first blocked message: a redriven
-// message re-enters its key at its place, never beside the key's head.
+// that q (RedriveOrderedSQL) picks, each at its place in its key (I5),
+// re-counts them in their keys and gives the keys left without a head
+// their first blocked message: a redriven message re-enters its key at
+// its place, never beside the key's head.
 func redriveOrdered(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, q string, args ...any) (int64, error) {
 	var redriven [][]any
 	var keys []string
@@ -421,7 +449,7 @@ func redriveOrdered(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Tabl
 
 // RedriveOrdered redrives, in one transaction, the dead unordered
 // messages of topic ("" for all) as Redrive does, and its dead ordered
-// ones at their places in their keys.
+// ones at their places in their keys (RedriveOrderedSQL).
 func (d *dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	var n int64
 	err := inTx(ctx, db, func(tx outboxdriver.DB) error {

@@ -4,9 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/sqlite"
@@ -189,7 +193,7 @@ func TestOrderedPlans(t *testing.T) {
 		"runs":    {sqlite.RunSQL(tbl), []any{`[["a","k",1]]`, `["x"]`, 10, false}},
 		"promote": {sqlite.PromoteSQL(tbl), []any{`["k"]`}},
 		"skip":    {sqlite.SkipHeadSQL(tbl), []any{"k", ""}},
-		"done":    {done, []any{`["a"]`}},
+		"done":    {done, []any{`[["a", 1]]`}},
 		"failed":  {failed, []any{`[]`}},
 		"redrive": {sqlite.RedriveKeysSQL(tbl), []any{`[]`}},
 	} {
@@ -214,5 +218,178 @@ func TestOrderedPlans(t *testing.T) {
 			}
 		}
 		t.Logf("%s:\n%s", name, text)
+	}
+}
+
+// spi drives an ordered Outbox's table through the dialect's SPI, as a
+// relay and an operator do.
+type spi struct {
+	db  *sql.DB
+	ob  *outbox.Outbox
+	od  outboxdriver.OrderedDialect
+	tbl outboxdriver.Table
+}
+
+func newSPI(t *testing.T) *spi {
+	t.Helper()
+	db, _ := open(t)
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &spi{db, ob, sqlite.Dialect().(outboxdriver.OrderedDialect), ob.Table()}
+}
+
+// claim claims up to 10 heads of topic x with runs of at most run.
+func (s *spi) claim(t *testing.T, run int) []outboxdriver.Claimed {
+	t.Helper()
+	cs, _, err := s.od.ClaimOrdered(context.Background(), sqltx.FromDB(s.db), s.tbl,
+		outboxdriver.ClaimParams{Topics: []string{"x"}, Limit: 10, Lease: time.Minute, MaxAttempts: 100}, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func (s *spi) settle(t *testing.T, runs ...outboxdriver.RunOutcome) []outboxdriver.Fence {
+	t.Helper()
+	applied, busy, err := s.od.SettleRuns(context.Background(), sqltx.FromDB(s.db), s.tbl, outboxdriver.SettleParams{}, runs)
+	if err != nil || len(busy) > 0 {
+		t.Fatalf("settle: busy %v, %v", busy, err)
+	}
+	return applied
+}
+
+// kill claims key K's head alone and settles it dead, halting the key or
+// not, and returns its id.
+func (s *spi) kill(t *testing.T, halt bool) outbox.ID {
+	t.Helper()
+	cs := s.claim(t, 0)
+	if len(cs) != 1 {
+		t.Fatalf("claimed %v, want K's head", cs)
+	}
+	f := outboxdriver.Fence{ID: cs[0].ID, Attempts: cs[0].Attempts}
+	s.settle(t, outboxdriver.RunOutcome{Head: f, Key: "K", Halt: halt,
+		Failed: outboxdriver.Settlement{Fence: f, Kind: outboxdriver.SettleDead, Error: "poison"}})
+	return f.ID
+}
+
+// deliverAll claims with runs of at most run and settles every run done
+// until nothing is left to claim, and returns the ids in delivery order.
+func (s *spi) deliverAll(t *testing.T, run int) []outbox.ID {
+	t.Helper()
+	var order []outbox.ID
+	for range 20 {
+		cs := s.claim(t, run)
+		if len(cs) == 0 {
+			return order
+		}
+		var runs []outboxdriver.RunOutcome
+		for _, c := range cs {
+			ids := []outbox.ID{c.ID}
+			for _, m := range c.Run {
+				ids = append(ids, m.ID)
+			}
+			order = append(order, ids...)
+			runs = append(runs, outboxdriver.RunOutcome{Head: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Key: c.Key, Done: ids})
+		}
+		s.settle(t, runs...)
+	}
+	t.Fatal("the delivery did not end")
+	return nil
+}
+
+// TestRedrivePlace (I5): where a redriven message re-enters its key
+// depends on the key's messages and the redrive, not on the run length
+// the relay claims with, through Redrive and through Act alike: a message
+// dead under ContinueKey re-enters after every message of its key
+// published before the redrive; a halted head keeps its place and is
+// delivered first.
+func TestRedrivePlace(t *testing.T) {
+	x := outbox.Message{Topic: "x", Key: "K"}
+	for _, c := range []struct {
+		name string
+		// history publishes K's messages m1, m2..., kills some and
+		// redrives with redrive.
+		history func(t *testing.T, s *spi, redrive func()) (m []outbox.ID)
+		want    string // the order of delivery
+	}{
+		{"continue", func(t *testing.T, s *spi, redrive func()) []outbox.ID {
+			m := publish(t, s.db, s.ob, x, x, x, x)
+			s.kill(t, false) // m1; m2 is the head
+			redrive()
+			return m
+		}, "m2 m3 m4 m1"},
+		{"halted head", func(t *testing.T, s *spi, redrive func()) []outbox.ID {
+			m := publish(t, s.db, s.ob, x, x, x, x)
+			s.kill(t, false) // m1 under ContinueKey
+			s.kill(t, true)  // m2 halts K
+			redrive()
+			return append(m, publish(t, s.db, s.ob, x)...)
+		}, "m2 m3 m4 m1 m5"},
+	} {
+		for _, via := range []string{"Redrive", "Act"} {
+			for _, run := range []int{1, 10} {
+				t.Run(fmt.Sprintf("%s/%s/run=%d", c.name, via, run), func(t *testing.T) {
+					s := newSPI(t)
+					ctx := context.Background()
+					redrive := func() {
+						var err error
+						if via == "Redrive" {
+							_, err = s.ob.Redrive(ctx, sqltx.FromDB(s.db), "")
+						} else {
+							_, err = s.ob.Act(ctx, sqltx.FromDB(s.db), outbox.ActRedrive, outbox.Filter{States: []outbox.State{outbox.StateDead}},
+								&outbox.ActOptions{Logger: slog.New(slog.DiscardHandler)})
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					m := c.history(t, s, redrive)
+					var got []string
+					for _, id := range s.deliverAll(t, run) {
+						got = append(got, fmt.Sprintf("m%d", slices.Index(m, id)+1))
+					}
+					if g := strings.Join(got, " "); g != c.want {
+						t.Errorf("delivered %s, want %s", g, c.want)
+					}
+					if n := count(t, s.db, `outbox`); n != 0 {
+						t.Errorf("%d messages left", n)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestSettleRunsFenced (I2): SettleRuns changes a row only where the row
+// still carries the run's fence, checked by the write itself: a run's
+// head processing with its claimed attempts, a run member blocked. An
+// outcome that names another claim's head (processing, not the run's)
+// leaves it alone, as a success and as a failure.
+func TestSettleRunsFenced(t *testing.T) {
+	for _, failed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failed=%v", failed), func(t *testing.T) {
+			s := newSPI(t)
+			ids := publish(t, s.db, s.ob, outbox.Message{Topic: "x", Key: "K"}, outbox.Message{Topic: "x", Key: "J"})
+			if cs := s.claim(t, 10); len(cs) != 2 {
+				t.Fatalf("claimed %v", cs)
+			}
+			k := outboxdriver.Fence{ID: ids[0], Attempts: 1}
+			run := outboxdriver.RunOutcome{Head: k, Key: "K", Done: []outbox.ID{ids[0], ids[1]}}
+			if failed {
+				run.Done = run.Done[:1]
+				run.Failed = outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: ids[1], Attempts: 2}, Kind: outboxdriver.SettleRetry, Error: "boom"}
+			}
+			if applied := s.settle(t, run); len(applied) != 1 {
+				t.Fatalf("applied %v", applied)
+			}
+			if st, a := state(t, s.db, ids[1]); st != "processing" || a != 1 {
+				t.Errorf("J's head, claimed elsewhere: %s attempts %d, want processing 1", st, a)
+			}
+			if st, _ := state(t, s.db, ids[0]); st != "gone" {
+				t.Errorf("K's head: %s, want gone", st)
+			}
+		})
 	}
 }
