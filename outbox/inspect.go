@@ -255,51 +255,183 @@ func checkAct(a Action, f Filter, selects bool) error {
 // Targets returns, in id order, the ids of the messages matching f that a
 // would change if it ran now, those in its source state: the dead ones
 // for [ActRedrive]; the pending ones, due or not, for [ActRetry]; the
-// pending, dead and delivered ones for [ActDelete]; the dead ones that
-// halt their key for [ActSkip]. A confirmation shows them, or their
-// count, and then hands them to [Outbox.ActOn], so that the action changes
-// no message the operator was not shown: one published, dead-lettered or
-// redriven after the confirmation was shown is left alone. f is checked as
-// [Outbox.Act] checks it. It pages through the matching messages,
-// [MaxPageSize] at a time.
+// pending, dead and delivered ones for [ActDelete], but not the ordered
+// ones that hold their place in their key (a pending head, a dead head
+// that halts its key); the dead ones that halt their key for [ActSkip]. A
+// confirmation shows them, or their count, and then hands them to
+// [Outbox.ActOn], so that the action changes no message the operator was
+// not shown: one published, dead-lettered or redriven after the
+// confirmation was shown is left alone. f is checked as [Outbox.Act]
+// checks it. It pages through the matching messages, [MaxPageSize] at a
+// time. [Outbox.Plan] also says which messages a leaves alone, and why.
 func (o *Outbox) Targets(ctx context.Context, db DB, a Action, f Filter) ([]ID, error) {
-	if err := checkAct(a, f, true); err != nil {
-		return nil, err
-	}
-	if a == ActSkip && o.orderedDialect() == nil {
-		return nil, fmt.Errorf("%w: skip needs an Outbox with Config.OrderByKey", ErrUnsupported)
-	}
-	from := []State{StatePending, StateDead, StateDelivered}
+	p, err := o.plan(ctx, db, a, f, false)
+	return p.IDs, err
+}
+
+// Plan is what an action would do now, from [Outbox.Plan].
+type Plan struct {
+	// IDs are the messages the action would change, in id order: what
+	// [Outbox.Targets] returns.
+	IDs []ID
+	// Refused are the messages of the selection it would leave as they
+	// are, grouped by the reason, in the order the reasons were met.
+	Refused []Refusal
+}
+
+// Refusal is messages an action leaves as they are, and why.
+type Refusal struct {
+	// Reason says why, in lower case, of one message: "halts its ordered
+	// key: a delete would leave the key waiting forever; skip it (the key
+	// goes on) or redrive it".
+	Reason string
+	// IDs are the messages, in id order.
+	IDs []ID
+}
+
+// Plan is [Outbox.Targets] with the messages of the selection that a
+// leaves alone, and why: with [ActDelete], the ordered messages that hold
+// their place in their key (a pending head, a blocked message, a dead head
+// that halts its key, which is to be skipped or redriven instead) and the
+// processing ones (a handler is running them); with [ActSkip], the dead
+// messages that halt no key. When f names ids, every one of them that
+// exists and that a would not change is in Refused, whatever its state.
+// A confirmation shows both, and says why when nothing would change.
+func (o *Outbox) Plan(ctx context.Context, db DB, a Action, f Filter) (Plan, error) {
+	return o.plan(ctx, db, a, f, true)
+}
+
+// sourceStates are the states a message must be in for a to change it.
+func sourceStates(a Action) []State {
 	switch a {
 	case ActRedrive, ActSkip:
-		from = []State{StateDead}
+		return []State{StateDead}
 	case ActRetry:
-		from = []State{StatePending}
+		return []State{StatePending}
+	}
+	return []State{StatePending, StateDead, StateDelivered}
+}
+
+// plan pages through the messages matching f in a's source states (and,
+// when explain, those whose refusal an operator needs to hear of: see
+// [Outbox.Plan]) and sorts them into the ids a would change and the
+// refused.
+func (o *Outbox) plan(ctx context.Context, db DB, a Action, f Filter, explain bool) (Plan, error) {
+	if err := checkAct(a, f, true); err != nil {
+		return Plan{}, err
+	}
+	if a == ActSkip && o.orderedDialect() == nil {
+		return Plan{}, fmt.Errorf("%w: skip needs an Outbox with Config.OrderByKey", ErrUnsupported)
+	}
+	from := sourceStates(a)
+	read := from
+	switch {
+	case explain && len(f.IDs) > 0:
+		read = []State{StatePending, StateBlocked, StateProcessing, StateDead, StateDelivered}
+	case explain && a == ActDelete:
+		read = []State{StatePending, StateBlocked, StateProcessing, StateDead, StateDelivered}
 	}
 	if len(f.States) > 0 {
-		from = slices.DeleteFunc(from, func(s State) bool { return !slices.Contains(f.States, s) })
-		if len(from) == 0 {
-			return nil, nil
+		read = slices.DeleteFunc(slices.Clone(read), func(s State) bool { return !slices.Contains(f.States, s) })
+		if len(read) == 0 {
+			return Plan{}, nil
 		}
 	}
-	f.States = from
-	var ids []ID
+	f.States = read
+	var p Plan
+	at := map[string]int{} // reason -> index in p.Refused
 	for {
+		page, err := o.List(ctx, db, f, MaxPageSize)
+		if err != nil {
+			return Plan{}, err
+		}
+		for _, m := range page.Messages {
+			why := refusal(a, m, from)
+			if why == "" {
+				p.IDs = append(p.IDs, m.ID)
+				continue
+			}
+			i, ok := at[why]
+			if !ok {
+				i = len(p.Refused)
+				at[why] = i
+				p.Refused = append(p.Refused, Refusal{Reason: why})
+			}
+			p.Refused[i].IDs = append(p.Refused[i].IDs, m.ID)
+		}
+		if page.Next.IsZero() {
+			return p, nil
+		}
+		f.After = page.Next
+	}
+}
+
+// refusal returns why a would leave m as it is, "" when a would change it
+// (m's state is among from, a's source states).
+func refusal(a Action, m MessageInfo, from []State) string {
+	switch {
+	case a == ActDelete && m.HaltsKey():
+		return "halts its ordered key: a delete would leave the key waiting forever; skip it (the key goes on) or redrive it"
+	case a == ActDelete && m.KeySeq != 0 && (m.State == StatePending || m.State == StateBlocked):
+		return "holds its place in its ordered key (its head, or blocked behind it): a delete would leave the key waiting forever; it is delivered in its turn"
+	case m.State == StateProcessing:
+		return "is processing: a handler is running it, and no action changes a message under its handler"
+	case a == ActSkip && m.State == StateDead && !m.HaltsKey():
+		return "is dead but halts no key (not ordered, skipped already, or dead under ContinueKey): there is nothing to skip"
+	case a == ActSkip && m.State == StateBlocked:
+		return "is blocked behind the head of its ordered key: only a dead head that halts its key can be skipped"
+	case a == ActRedrive && m.State == StateBlocked:
+		return "is blocked behind the head of its ordered key, not dead: it is delivered once its key's head is"
+	case !slices.Contains(from, m.State):
+		ss := make([]string, len(from))
+		for i, s := range from {
+			ss[i] = string(s)
+		}
+		return fmt.Sprintf("is %s: %s changes %s messages only", m.State, a, strings.Join(ss, ", "))
+	}
+	return ""
+}
+
+// KeyState is where an ordered key stands, from [Outbox.KeyState].
+type KeyState struct {
+	// Head is the key's head: the message delivered next (pending or
+	// processing), or the dead one that halts the key (see
+	// [MessageInfo.HaltsKey]). Its ID is zero when the key has none: none
+	// of its ordered messages is left undelivered.
+	Head MessageInfo
+	// Blocked counts the key's messages blocked behind the head.
+	Blocked int64
+}
+
+// KeyState returns where ordered key stands: its head, without payload,
+// and how many messages wait behind it (list them with a Filter of the key
+// and [StateBlocked]). An operator's page of a dead head that halts its key
+// shows it, with what waits behind it.
+func (o *Outbox) KeyState(ctx context.Context, db DB, key string) (KeyState, error) {
+	var ks KeyState
+	if key == "" {
+		return ks, &FilterError{"Key", "ordered keys are not empty"}
+	}
+	f := Filter{Key: key, States: []State{StatePending, StateProcessing, StateDead}}
+	for ks.Head.ID.IsZero() {
 		p, err := o.List(ctx, db, f, MaxPageSize)
 		if err != nil {
-			return nil, err
+			return ks, err
 		}
 		for _, m := range p.Messages {
-			if a == ActSkip && (m.Key == "" || !m.SettledAt.IsZero()) {
-				continue // a halted head is dead, keyed and never settled
+			if m.KeySeq != 0 && m.SettledAt.IsZero() { // a head; a dead one halts its key
+				ks.Head = m
+				break
 			}
-			ids = append(ids, m.ID)
 		}
 		if p.Next.IsZero() {
-			return ids, nil
+			break
 		}
 		f.After = p.Next
 	}
+	n, err := o.Count(ctx, db, Filter{Key: key, States: []State{StateBlocked}})
+	ks.Blocked = n
+	return ks, err
 }
 
 // ActOn is [Outbox.Act] on the messages of ids that still match f (and
@@ -417,9 +549,9 @@ func checkFilter(f Filter) error {
 	}
 	for _, s := range f.States {
 		switch s {
-		case StatePending, StateProcessing, StateDelivered, StateDead:
+		case StatePending, StateBlocked, StateProcessing, StateDelivered, StateDead:
 		default:
-			return &FilterError{"States", fmt.Sprintf("%q is not a state (pending, processing, delivered, dead)", string(s))}
+			return &FilterError{"States", fmt.Sprintf("%q is not a state (pending, blocked, processing, delivered, dead)", string(s))}
 		}
 	}
 	for _, c := range []struct {

@@ -63,7 +63,7 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 	start := time.Now()
 	n, err := rd.Purge(ctx, db, o.table, states, opts.OlderThan)
 	if err != nil {
-		err = wrapOp(ctx, "purge", err)
+		err = wrapOp(ctx, "purge", o.d.Classify(err))
 	}
 	if opts.Operator != nil {
 		o.logAction(ctx, opts.Operator, "purge", PurgeString(states, opts.OlderThan), n, start, err)
@@ -105,7 +105,7 @@ func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error
 	}
 	n, err := redrive(ctx, db, o.table, topic)
 	if err != nil {
-		return 0, wrapOp(ctx, "redrive", err)
+		return 0, wrapOp(ctx, "redrive", o.d.Classify(err))
 	}
 	return n, nil
 }
@@ -123,7 +123,29 @@ func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
 	}
 	s, err := stats(ctx, db, o.table)
 	if err != nil {
-		return nil, wrapOp(ctx, "stats", err)
+		return nil, wrapOp(ctx, "stats", o.d.Classify(err))
 	}
 	return s, nil
+}
+
+// Check reads no row of the table and returns an error wrapping
+// [ErrTableMissing] when it does not exist, or [ErrSchemaMismatch] when
+// it lacks columns this version needs (with Config.OrderByKey, ordered
+// delivery's column and keys table too): run the migrations. [Relay.Run]
+// checks the same before its first claim; a tool, or a service's start-up,
+// calls it to say so before anything else fails. Any other error is the
+// database's (unreachable, say).
+func (o *Outbox) Check(ctx context.Context, db DB) error {
+	rd, err := o.relayDialect()
+	if err != nil {
+		return err
+	}
+	err = rd.Check(ctx, db, o.table)
+	if od := o.orderedDialect(); err == nil && od != nil {
+		err = od.CheckOrdered(ctx, db, o.table)
+	}
+	if err != nil {
+		return wrapOp(ctx, "check", fmt.Errorf("%w (table %s)", err, o.table))
+	}
+	return nil
 }

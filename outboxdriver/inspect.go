@@ -120,4 +120,16 @@ type MessageInfo struct {
 	CreatedAt   time.Time
 	SettledAt   time.Time // zero when never settled
 	LastError   string
+	// KeySeq is the message's place in its key when it is ordered (see
+	// [OrderedDialect]): its key_seq, 0 when it is not ordered.
+	KeySeq int64
+}
+
+// HaltsKey reports whether m is the dead head that halts its ordered key
+// (dead under the Halt policy, neither skipped nor redriven): the key's
+// other messages wait, blocked, until it is skipped or redriven. A dead
+// ordered message that no longer halts its key (dead under Continue, or
+// skipped) has a settled time; a halted head has none.
+func (m MessageInfo) HaltsKey() bool {
+	return m.State == StateDead && m.KeySeq != 0 && m.SettledAt.IsZero()
 }

@@ -209,14 +209,15 @@ func TestKindOf(t *testing.T) {
 // TestSkip: on PostgreSQL, SQLite and MySQL/MariaDB, skip takes the dead
 // head that halts an ordered key (by id or filter), asks for --yes, says
 // what it would change with --dry-run, and logs who skipped what and how
-// many; the key goes on. Its help names the three.
+// many; the key goes on. A skip of a blocked message, or of the head once
+// skipped, is refused (exit 1).
 func TestSkip(t *testing.T) {
 	eachDB(t, testSkip)
 	t.Run("help", func(t *testing.T) {
 		d := sqliteDB(t)
 		for _, args := range [][]string{{"skip", "--help"}, {"help"}} {
 			_, errs, code := d.run(t, args...)
-			if code != 0 || !strings.Contains(errs, "skip dead messages that halt their ordered key (PostgreSQL, SQLite, MySQL/MariaDB)") {
+			if code != 0 || !strings.Contains(errs, "skip dead messages that halt their ordered key") {
 				t.Errorf("oncommit %s: exit %d, %q", strings.Join(args, " "), code, errs)
 			}
 		}
@@ -239,7 +240,7 @@ func testSkip(t *testing.T, d db) {
 	if got := lines(t, d.ok(t, 0, "skip", "--key", "H", "--dry-run", "--json")); len(got) != 1 || got[0]["would_change"] != 1.0 {
 		t.Errorf("skip --dry-run: %v", got)
 	}
-	d.ok(t, exitNothing, "skip", res[1].ID.String(), "--yes") // blocked, not a dead head
+	d.ok(t, exitError, "skip", res[1].ID.String(), "--yes") // blocked, not a dead head: refused
 	out, errs, code := d.run(t, "skip", head, "--yes", "--json", "--actor", "alice")
 	if code != 0 || len(lines(t, out)) != 1 || lines(t, out)[0]["changed"] != 1.0 {
 		t.Fatalf("skip ID: exit %d, %q, %q", code, out, errs)
@@ -255,7 +256,7 @@ func testSkip(t *testing.T, d db) {
 	if got := lines(t, d.ok(t, 0, "show", head, "--json")); got[0]["state"] != "dead" {
 		t.Errorf("the skipped message: %v, want dead", got)
 	}
-	d.ok(t, exitNothing, "skip", head, "--yes")
+	d.ok(t, exitError, "skip", head, "--yes") // skipped already: halts no key
 	// Purge deletes the skipped message (settled by the skip), logged with
 	// the OS user by default.
 	out, errs, code = d.run(t, "purge", "--states", "dead", "--older-than", "0s", "--yes", "--json")
@@ -480,4 +481,137 @@ func TestServeHosts(t *testing.T) {
 	}
 	// Read-only on every address: no refusal.
 	d.serve(t, "--addr", "0.0.0.0:0")
+}
+
+// TestOrderedState: on PostgreSQL, SQLite and MySQL/MariaDB, an operator
+// sees ordered delivery's state: stats count blocked messages and keys
+// (table and JSON), list takes --state blocked, show of a dead head says
+// it halts its key, lists what waits behind it and names skip and
+// redrive, show of a blocked message names its head; a delete of the
+// halted head, of its key or of a blocked message changes nothing and
+// says why (exit 1, not "nothing matched"), as does a skip of a blocked
+// message; the redrive then goes through.
+func TestOrderedState(t *testing.T) { eachDB(t, testOrderedState) }
+
+func testOrderedState(t *testing.T, d db) {
+	d.ok(t, 0, "migrate", "up")
+	ob, err := outbox.New(d.dialect, outbox.Config{Table: d.table, OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := d.seed(t, ob,
+		outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "x", Key: "H"},
+		outbox.Message{Topic: "y", Key: "G"}, outbox.Message{Topic: "y", Key: "G"})
+	failAll(t, ob, d.pool, "x", 1) // H's head dies and halts H; G (no handler) waits
+	head, blocked := res[0].ID.String(), res[1].ID.String()
+
+	st := lines(t, d.ok(t, 0, "stats", "--json"))
+	want := map[string]map[string]float64{
+		"x": {"dead": 1, "blocked": 2, "blocked_keys": 1, "held_keys": 1, "pending": 0},
+		"y": {"dead": 0, "blocked": 1, "blocked_keys": 0, "held_keys": 1, "pending": 1},
+	}
+	if len(st) != 2 {
+		t.Fatalf("stats --json: %v", st)
+	}
+	for _, s := range st {
+		for k, v := range want[s["topic"].(string)] {
+			if s[k] != v {
+				t.Errorf("stats --json, topic %v: %s = %v, want %v (%v)", s["topic"], k, s[k], v, s)
+			}
+		}
+	}
+	if x := st[0]; x["topic"] != "x" || !(x["oldest_blocked_key_seconds"] != nil && x["oldest_blocked_key_seconds"].(float64) > 0) {
+		t.Errorf("stats --json: the oldest blocked key of x: %v", x)
+	}
+	out := d.ok(t, 0, "stats")
+	rows := strings.Split(strings.TrimSpace(out), "\n")
+	if len(rows) != 3 || !strings.Contains(rows[0], "BLOCKED") || !strings.Contains(rows[0], "BLOCKED KEYS") || !strings.Contains(rows[0], "OLDEST BLOCKED KEY") {
+		t.Errorf("stats:\n%s", out)
+	} else if f := strings.Fields(rows[1]); len(f) != 9 || strings.Join(f[:8], " ") != "x 0 2 0 1 0 - 1" || f[8] == "-" {
+		// x: pending 0, blocked 2, processing 0, dead 1, delivered 0,
+		// oldest due -, blocked keys 1, an age.
+		t.Errorf("stats row of x: %q", rows[1])
+	}
+
+	if got := lines(t, d.ok(t, 0, "list", "--state", "blocked", "--json")); len(got) != 3 || got[0]["id"] != blocked || got[0]["state"] != "blocked" || got[2]["key"] != "G" {
+		t.Errorf("list --state blocked: %v", got)
+	}
+	if got := lines(t, d.ok(t, 0, "list", "--state", "blocked", "--key", "H", "--json")); len(got) != 2 {
+		t.Errorf("list --state blocked --key H: %v", got)
+	}
+
+	sh := lines(t, d.ok(t, 0, "show", head, "--json"))[0]
+	if sh["halts_key"] != true || sh["blocked_behind"] != 2.0 || sh["key_seq"] == nil {
+		t.Errorf("show of the halted head --json: %v", sh)
+	}
+	out = d.ok(t, 0, "show", head)
+	for _, w := range []string{"halts key:", "2 message(s) blocked behind it", "oncommit skip " + head, "oncommit redrive " + head, blocked, res[2].ID.String()} {
+		if !strings.Contains(out, w) {
+			t.Errorf("show of the halted head lacks %q:\n%s", w, out)
+		}
+	}
+	if sb := lines(t, d.ok(t, 0, "show", blocked, "--json"))[0]; sb["waits_behind"] != head || sb["halts_key"] != nil {
+		t.Errorf("show of a blocked message --json: %v", sb)
+	}
+	if out := d.ok(t, 0, "show", blocked); !strings.Contains(out, "waits behind:  "+head+" (dead), its key's head") {
+		t.Errorf("show of a blocked message:\n%s", out)
+	}
+
+	// Refusals say why, and change nothing.
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"delete", head, "--yes"}, []string{"delete changes nothing: message " + head + " halts its ordered key", "skip it", "redrive it"}},
+		{[]string{"delete", "--key", "H", "--yes"}, []string{"message " + head + " halts its ordered key", "2 messages (" + blocked + ", " + res[2].ID.String() + "), each: holds its place in its ordered key"}},
+		{[]string{"delete", blocked, "--yes"}, []string{"message " + blocked + " holds its place in its ordered key"}},
+		{[]string{"skip", blocked, "--yes"}, []string{"skip changes nothing: message " + blocked + " is blocked behind the head of its ordered key"}},
+		{[]string{"redrive", blocked, "--yes"}, []string{"message " + blocked + " is blocked behind the head of its ordered key, not dead"}},
+	} {
+		_, errs, code := d.run(t, c.args...)
+		if code != exitError || strings.Contains(errs, "nothing matched") {
+			t.Errorf("oncommit %s: exit %d, %q; want exit 1 with a reason", strings.Join(c.args, " "), code, errs)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errs, w) {
+				t.Errorf("oncommit %s: %q lacks %q", strings.Join(c.args, " "), errs, w)
+			}
+		}
+	}
+	if n := count(t, ob, d, outbox.Filter{Key: "H"}); n != 3 {
+		t.Fatalf("after the refused actions: %d messages of H, want 3", n)
+	}
+	dry := lines(t, d.ok(t, 0, "delete", "--key", "G", "--dry-run", "--json"))
+	left, _ := dry[0]["left_alone"].([]any)
+	var leftIDs []any
+	if len(left) == 1 {
+		leftIDs, _ = left[0].(map[string]any)["ids"].([]any)
+	}
+	if dry[0]["would_change"] != 0.0 || len(leftIDs) != 2 {
+		t.Errorf("delete --key G --dry-run: %v", dry)
+	}
+	// What the refusal says to do works: the redrive makes the head pending
+	// again, its key's others still behind it.
+	if got := lines(t, d.ok(t, 0, "redrive", head, "--yes", "--json")); got[0]["changed"] != 1.0 {
+		t.Errorf("redrive of the halted head: %v", got)
+	}
+	if sh := lines(t, d.ok(t, 0, "show", head, "--json"))[0]; sh["state"] != "pending" || sh["blocked_behind"] != 2.0 {
+		t.Errorf("the head after its redrive: %v", sh)
+	}
+}
+
+// TestMissingTable: every command but migrate, pointed at a table that
+// does not exist, says so and which command creates it (exit 1), on each
+// database.
+func TestMissingTable(t *testing.T) {
+	eachDB(t, func(t *testing.T, d db) {
+		d.table = strings.TrimSuffix(d.table, "outbox") + "nosuch"
+		for _, args := range [][]string{{"stats"}, {"list", "--state", "blocked"}, {"show", outbox.NewID().String()}, {"delete", "--topic", "x", "--yes"}, {"watch", "--count", "1"}} {
+			_, errs, code := d.run(t, args...)
+			want := "table " + d.table + " does not exist in this database: create it with oncommit migrate up --table " + d.table
+			if code != exitError || !strings.Contains(errs, want) || !strings.Contains(errs, "outbox table does not exist") {
+				t.Errorf("oncommit %s --table %s: exit %d, %q; want exit 1 and %q", strings.Join(args, " "), d.table, code, errs, want)
+			}
+		}
+	})
 }

@@ -64,7 +64,7 @@ type filterFlags struct {
 }
 
 func (f *filterFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.state, "state", "", "states, comma-separated: pending, processing, dead, delivered")
+	fs.StringVar(&f.state, "state", "", "states, comma-separated: pending, blocked (ordered, behind its key's head), processing, dead, delivered")
 	fs.StringVar(&f.topic, "topic", "", "topic, exactly")
 	fs.StringVar(&f.key, "key", "", "message key, exactly")
 	fs.StringVar(&f.errText, "error", "", "text the last error contains (case-sensitive)")
@@ -140,7 +140,27 @@ func connect(ctx context.Context, c *cli, name string, args []string, extra func
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if name != "migrate" {
+		if err := t.check(ctx); err != nil {
+			t.Close()
+			return nil, nil, nil, err
+		}
+	}
 	return t, g, rest, nil
+}
+
+// check checks the table before a command reads it: one that does not
+// exist, or lacks columns, is an error saying which migrate command
+// makes it right.
+func (t *target) check(ctx context.Context) error {
+	err := t.ob.Check(ctx, t.odb)
+	switch {
+	case errors.Is(err, outbox.ErrTableMissing):
+		return fmt.Errorf("table %s does not exist in this database: create it with oncommit migrate up --table %s (%w)", t.table, t.table, err)
+	case errors.Is(err, outbox.ErrSchemaMismatch):
+		return fmt.Errorf("table %s lacks columns this oncommit needs: apply the newer migrations with oncommit migrate up --table %s (%w)", t.table, t.table, err)
+	}
+	return err
 }
 
 func runMigrate(ctx context.Context, c *cli, args []string) error {
@@ -229,11 +249,24 @@ func age(d time.Duration) string {
 	return d.Round(time.Millisecond).String()
 }
 
-func writeStats(w io.Writer, asJSON bool, st []outbox.TopicStats) error {
-	out := newOut(w, asJSON, "TOPIC", "PENDING", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE")
+// writeStats writes the stats of each topic; ordered adds the columns of
+// ordered delivery: the blocked messages, the keys a failed head blocks
+// (dead under HaltKey, or waiting for a retry) and the age of the oldest
+// such head (held keys too, in JSON).
+func writeStats(w io.Writer, asJSON, ordered bool, st []outbox.TopicStats) error {
+	header := []any{"TOPIC", "PENDING", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE"}
+	if ordered {
+		header = []any{"TOPIC", "PENDING", "BLOCKED", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE", "BLOCKED KEYS", "OLDEST BLOCKED KEY"}
+	}
+	out := newOut(w, asJSON, header...)
 	for _, s := range st {
-		out.row(map[string]any{"topic": s.Topic, "pending": s.Pending, "processing": s.Processing, "dead": s.Dead, "delivered": s.Delivered, "oldest_due_seconds": s.OldestPending.Seconds()},
-			s.Topic, s.Pending, s.Processing, s.Dead, s.Delivered, age(s.OldestPending))
+		obj := map[string]any{"topic": s.Topic, "pending": s.Pending, "processing": s.Processing, "dead": s.Dead, "delivered": s.Delivered, "oldest_due_seconds": s.OldestPending.Seconds()}
+		if !ordered {
+			out.row(obj, s.Topic, s.Pending, s.Processing, s.Dead, s.Delivered, age(s.OldestPending))
+			continue
+		}
+		obj["blocked"], obj["held_keys"], obj["blocked_keys"], obj["oldest_blocked_key_seconds"] = s.Blocked, s.HeldKeys, s.BlockedKeys, s.OldestBlockedKey.Seconds()
+		out.row(obj, s.Topic, s.Pending, s.Blocked, s.Processing, s.Dead, s.Delivered, age(s.OldestPending), s.BlockedKeys, age(s.OldestBlockedKey))
 	}
 	return out.flush()
 }
@@ -251,7 +284,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	return writeStats(c.stdout, g.json, st)
+	return writeStats(c.stdout, g.json, t.ob.OrdersByKey(), st)
 }
 
 func runWatch(ctx context.Context, c *cli, args []string) error {
@@ -283,7 +316,7 @@ func runWatch(ctx context.Context, c *cli, args []string) error {
 		if !g.json {
 			fmt.Fprintf(c.stdout, "\033[H\033[2J%s  %s  every %v\n\n", time.Now().Format(time.TimeOnly), t.table, every)
 		}
-		if err := writeStats(c.stdout, g.json, st); err != nil {
+		if err := writeStats(c.stdout, g.json, t.ob.OrdersByKey(), st); err != nil {
 			return err
 		}
 	}
@@ -304,6 +337,9 @@ func messageJSON(m outbox.MessageInfo) map[string]any {
 	}
 	if m.Headers != nil {
 		o["headers"] = json.RawMessage(m.Headers)
+	}
+	if m.KeySeq != 0 {
+		o["key_seq"] = m.KeySeq
 	}
 	return o
 }
@@ -392,27 +428,104 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	kp, err := placeInKey(ctx, t, m)
+	if err != nil {
+		return err
+	}
 	if g.json {
-		return json.NewEncoder(c.stdout).Encode(messageJSON(m))
+		o := messageJSON(m)
+		if m.KeySeq != 0 && m.State == outbox.StateDead {
+			o["halts_key"] = m.HaltsKey()
+		}
+		if kp.head {
+			o["blocked_behind"] = kp.behind
+		}
+		if kp.waitsOn != nil {
+			o["waits_behind"] = kp.waitsOn.ID.String()
+		}
+		return json.NewEncoder(c.stdout).Encode(o)
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	settled := "never"
 	if !m.SettledAt.IsZero() {
 		settled = m.SettledAt.UTC().Format(time.RFC3339Nano)
 	}
-	for _, kv := range [][2]string{
+	kvs := [][2]string{
 		{"id", m.ID.String()}, {"topic", m.Topic}, {"key", m.Key}, {"state", string(m.State)},
 		{"attempt", fmt.Sprintf("%d (%d claims in all)", m.Attempts-m.AttemptsBase, m.Attempts)},
 		{"created", m.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available", m.AvailableAt.UTC().Format(time.RFC3339Nano)},
 		{"settled", settled}, {"dedup key", m.DedupKey}, {"last error", m.LastError},
-	} {
+	}
+	if m.KeySeq != 0 {
+		kvs = append(kvs, [2]string{"ordered", fmt.Sprintf("place %d in its key", m.KeySeq)})
+	}
+	switch {
+	case m.HaltsKey():
+		kvs = append(kvs, [2]string{"halts key", fmt.Sprintf("yes: its key waits, %d message(s) blocked behind it, until it is skipped (oncommit skip %s: the key goes on without it) or redriven (oncommit redrive %s: delivered again, first)", kp.behind, m.ID, m.ID)})
+	case kp.head:
+		kvs = append(kvs, [2]string{"behind it", fmt.Sprintf("%d message(s) of its key, blocked", kp.behind)})
+	case kp.waitsOn != nil:
+		kvs = append(kvs, [2]string{"waits behind", fmt.Sprintf("%s (%s), its key's head", kp.waitsOn.ID, kp.waitsOn.State)})
+	}
+	for _, kv := range kvs {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], printable(kv[1], false))
+	}
+	for i, b := range kp.first {
+		label := ""
+		if i == 0 {
+			label = "blocked:"
+		}
+		fmt.Fprintf(tw, "%s\t%s  %s  %s\n", label, b.ID, printable(b.Topic, false), b.CreatedAt.UTC().Format("2006-01-02 15:04:05"))
+	}
+	if kp.behind > int64(len(kp.first)) {
+		fmt.Fprintf(tw, "\t(%d more: oncommit list --state blocked --key %q)\n", kp.behind-int64(len(kp.first)), m.Key)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(c.stdout, "headers:\n%s\npayload:\n%s\n", printable(pretty(m.Headers), true), printable(pretty(m.Payload), true))
 	return nil
+}
+
+// showBehind is how many of the messages blocked behind a head show
+// lists.
+const showBehind = 10
+
+// keyPlace is an ordered message's place in its key, as show tells it.
+type keyPlace struct {
+	// head: the message is its key's head (pending, processing, or dead
+	// halting the key); behind counts the messages blocked behind it,
+	// first lists the first of them.
+	head   bool
+	behind int64
+	first  []outbox.MessageInfo
+	// waitsOn is the head a blocked message waits behind.
+	waitsOn *outbox.MessageInfo
+}
+
+// placeInKey reads m's place in its key: the messages behind a head, or
+// the head a blocked message waits behind. An unordered message has none.
+func placeInKey(ctx context.Context, t *target, m outbox.MessageInfo) (keyPlace, error) {
+	var kp keyPlace
+	if m.KeySeq == 0 {
+		return kp, nil
+	}
+	ks, err := t.ob.KeyState(ctx, t.odb, m.Key)
+	if err != nil {
+		return kp, err
+	}
+	switch {
+	case m.State == outbox.StateBlocked && !ks.Head.ID.IsZero():
+		kp.waitsOn = &ks.Head
+	case ks.Head.ID == m.ID:
+		kp.head, kp.behind = true, ks.Blocked
+	}
+	if kp.behind > 0 {
+		p, err := t.ob.List(ctx, t.odb, outbox.Filter{Key: m.Key, States: []outbox.State{outbox.StateBlocked}}, showBehind)
+		kp.first = p.Messages
+		return kp, err
+	}
+	return kp, nil
 }
 
 func pretty(b []byte) string {
@@ -483,23 +596,38 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 		if err != nil {
 			return err
 		}
-		if a == outbox.ActSkip && !t.ob.OrdersByKey() { // see open: a name too long for its keys table
+		if a == outbox.ActSkip && !t.ob.OrdersByKey() {
+			if !t.dialect.Capabilities().Ordered {
+				return fmt.Errorf("%w: skip needs ordered delivery, which the %s dialect does not have", outbox.ErrUnsupported, t.dialect.Name())
+			}
+			// See open: a name too long for its keys table.
 			return fmt.Errorf("%w: skip needs ordered delivery, which table %s cannot have (its name is too long for its keys table)", outbox.ErrUnsupported, t.table)
 		}
 		// The messages the action would change now (for retry: pending
 		// ones, due or not; for skip: dead ones that halt their key): the
-		// count asked about, and all the action may change once confirmed.
-		ids, err := t.ob.Targets(ctx, t.odb, a, f)
+		// count asked about, and all the action may change once confirmed;
+		// and those of the selection it leaves alone, with why.
+		plan, err := t.ob.Plan(ctx, t.odb, a, f)
 		if err != nil {
 			return asUsage(err)
 		}
-		n := len(ids)
-		what := outbox.FilterString(f)
+		ids, n, what := plan.IDs, len(plan.IDs), outbox.FilterString(f)
+		left := leftAlone(plan.Refused)
 		if dry {
 			out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
-			out.row(map[string]any{"action": name, "filter": what, "dry_run": true, "would_change": n}, name, what, n)
+			out.row(map[string]any{"action": name, "filter": what, "dry_run": true, "would_change": n, "left_alone": left}, name, what, n)
+			if !g.json {
+				c.tellLeft(plan.Refused)
+			}
 			return out.flush()
 		}
+		if n == 0 {
+			if len(plan.Refused) > 0 {
+				return fmt.Errorf("%s changes nothing: %s", name, describeLeft(plan.Refused, "; "))
+			}
+			return fmt.Errorf("%w: no message matching %s is in a state %s changes", errNothing, what, name)
+		}
+		c.tellLeft(plan.Refused)
 		if err := c.confirm(fmt.Sprintf("%s %d message(s) matching %s?", name, n, what), yes); err != nil {
 			return err
 		}
@@ -508,14 +636,59 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 			return asUsage(err)
 		}
 		out := newOut(c.stdout, g.json, "ACTION", "FILTER", "CHANGED")
-		out.row(map[string]any{"action": name, "filter": what, "changed": changed}, name, what, changed)
+		out.row(map[string]any{"action": name, "filter": what, "changed": changed, "left_alone": left}, name, what, changed)
 		if err := out.flush(); err != nil {
 			return err
 		}
 		if changed == 0 {
-			return errNothing
+			return fmt.Errorf("%w: the %d message(s) counted changed state meanwhile (a relay or another operator took them)", errNothing, n)
 		}
 		return nil
+	}
+}
+
+// leftAlone returns the refusals of a plan for --json: one object per
+// reason, with its ids.
+func leftAlone(rs []outbox.Refusal) []map[string]any {
+	out := []map[string]any{}
+	for _, r := range rs {
+		ids := make([]string, len(r.IDs))
+		for i, id := range r.IDs {
+			ids[i] = id.String()
+		}
+		out = append(out, map[string]any{"reason": r.Reason, "ids": ids})
+	}
+	return out
+}
+
+// describeLeft says, for each reason, which messages an action leaves
+// alone and why: "message ID halts its ordered key: ..." or "3 messages
+// (ID, ID, ID) each hold...", naming at most a few ids.
+func describeLeft(rs []outbox.Refusal, sep string) string {
+	var b []string
+	for _, r := range rs {
+		if len(r.IDs) == 1 {
+			b = append(b, fmt.Sprintf("message %s %s", r.IDs[0], r.Reason))
+			continue
+		}
+		ids := make([]string, 0, 3)
+		for _, id := range r.IDs[:min(3, len(r.IDs))] {
+			ids = append(ids, id.String())
+		}
+		more := ""
+		if len(r.IDs) > 3 {
+			more = fmt.Sprintf(" and %d more", len(r.IDs)-3)
+		}
+		b = append(b, fmt.Sprintf("%d messages (%s%s), each: %s", len(r.IDs), strings.Join(ids, ", "), more, r.Reason))
+	}
+	return strings.Join(b, sep)
+}
+
+// tellLeft writes on stderr, one line per reason, the messages an action
+// leaves alone and why.
+func (c *cli) tellLeft(rs []outbox.Refusal) {
+	if len(rs) > 0 {
+		fmt.Fprintf(c.stderr, "left alone: %s\n", describeLeft(rs, "\nleft alone: "))
 	}
 }
 

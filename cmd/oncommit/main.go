@@ -22,9 +22,16 @@
 // cli:<the OS user>), the action, the filter and how many messages
 // changed.
 //
-// Exit codes: 0 done, 1 error, 2 usage (bad flags, or a destructive
-// command without --yes when no terminal can confirm), 3 nothing matched
-// (list, show, or an action that changed nothing).
+// Every command but migrate first checks the table: a table that does
+// not exist, or lacks columns, is an error that says to run oncommit
+// migrate up. An action that would leave every message it selects as it
+// is (a delete of the dead head that halts an ordered key, a skip of a
+// message that halts none...) changes nothing and says why.
+//
+// Exit codes: 0 done, 1 error (an action refused included), 2 usage (bad
+// flags, or a destructive command without --yes when no terminal can
+// confirm), 3 nothing matched (list, show, or an action whose filter
+// selects no message).
 //
 // It parses its flags with the standard library's flag package: a handful
 // of flags per subcommand needs no framework, and the tool adds no module
@@ -105,7 +112,7 @@ func init() {
 		{"redrive", "[ID...] [filters]", "make dead messages pending, due now, with fresh attempts", runAct("redrive")},
 		{"retry", "[ID...] [filters]", "make pending messages that wait for a retry or a delay due now", runAct("retry")},
 		{"delete", "[ID...] [filters]", "delete messages (never one a handler is running)", runAct("delete")},
-		{"skip", "[ID...] [filters]", "skip dead messages that halt their ordered key (PostgreSQL, SQLite, MySQL/MariaDB)", runAct("skip")},
+		{"skip", "[ID...] [filters]", "skip dead messages that halt their ordered key", runAct("skip")},
 		{"purge", "[--older-than D] [--states dead,delivered]", "delete dead and delivered messages settled long ago", runPurge},
 		{"serve", "[--addr A] [--actions]", "serve the web dashboard", runServe},
 	}
@@ -117,7 +124,7 @@ func (c *cli) usage() {
 		fmt.Fprintf(c.stderr, "  %-8s %-44s %s\n", cmd.name, cmd.args, cmd.help)
 	}
 	fmt.Fprintln(c.stderr, "\nevery command takes --dsn, --driver, --table and --json; oncommit COMMAND -h lists its flags.")
-	fmt.Fprintln(c.stderr, "exit codes: 0 done, 1 error, 2 usage, 3 nothing matched.")
+	fmt.Fprintln(c.stderr, "exit codes: 0 done, 1 error (an action refused included), 2 usage, 3 nothing matched.")
 }
 
 // run runs the tool with args (without the program name) and returns its

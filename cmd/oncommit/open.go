@@ -101,12 +101,13 @@ func open(ctx context.Context, g *globals) (*target, error) {
 		t.db.Close()
 		return nil, fmt.Errorf("connect to %s: %w", kind, err)
 	}
-	// The tool reads and acts on the table as an ordered Outbox: its stats
-	// count blocked keys, and skip works. Every dialect's migrations
-	// create the keys table; an ordered Outbox that never publishes sends
-	// the same listings and actions as a plain one.
-	cfg := outbox.Config{Table: table, OrderByKey: true}
-	if t.ob, err = outbox.New(t.dialect, cfg); err != nil {
+	// Where the dialect orders (Capabilities().Ordered), the tool reads and
+	// acts on the table as an ordered Outbox: its stats count blocked
+	// messages and keys, and skip works. Such a dialect's migrations create
+	// the keys table; an ordered Outbox that never publishes sends the
+	// same listings and actions as a plain one.
+	cfg := outbox.Config{Table: table, OrderByKey: t.dialect.Capabilities().Ordered}
+	if t.ob, err = outbox.New(t.dialect, cfg); err != nil && cfg.OrderByKey {
 		cfg.OrderByKey = false // a table name too long for its keys table: no skip
 		t.ob, err = outbox.New(t.dialect, cfg)
 	}

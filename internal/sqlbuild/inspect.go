@@ -128,14 +128,15 @@ func (s *Inspect) ActSet(a outboxdriver.Action, prefix string) string {
 	return prefix + "available_at = " + s.Now
 }
 
-// Columns returns the listing's select list.
+// Columns returns the listing's select list (key_seq last: ordered
+// delivery's column, which every dialect's migrations add).
 func (s *Inspect) Columns(withPayload bool) string {
 	payload, headers := "NULL", "NULL"
 	if withPayload {
 		payload, headers = s.Text("payload"), s.Text("headers")
 	}
 	return s.Text("id") + ", topic, message_key, " + payload + ", " + headers + ", dedup_key, state, attempts, attempts_base, " +
-		s.Micros("available_at") + ", " + s.Micros("created_at") + ", " + s.Micros("settled_at") + ", last_error"
+		s.Micros("available_at") + ", " + s.Micros("created_at") + ", " + s.Micros("settled_at") + ", last_error, key_seq"
 }
 
 // List builds the listing of at most limit rows matching f in id order.
@@ -164,9 +165,9 @@ func ScanMessages(rows outboxdriver.Rows) ([]outboxdriver.MessageInfo, error) {
 			state                               string
 			attempts, base                      int64
 			avail, created                      int64
-			settled                             sql.NullInt64
+			settled, keySeq                     sql.NullInt64
 		)
-		if err := rows.Scan(&id, &topic, &key, &payload, &headers, &dedup, &state, &attempts, &base, &avail, &created, &settled, &lastE); err != nil {
+		if err := rows.Scan(&id, &topic, &key, &payload, &headers, &dedup, &state, &attempts, &base, &avail, &created, &settled, &lastE, &keySeq); err != nil {
 			return nil, err
 		}
 		pid, err := outboxdriver.ParseID(id)
@@ -176,7 +177,7 @@ func ScanMessages(rows outboxdriver.Rows) ([]outboxdriver.MessageInfo, error) {
 		m := outboxdriver.MessageInfo{
 			ID: pid, Topic: topic, Key: key.String, DedupKey: dedup.String, State: outboxdriver.State(state),
 			Attempts: int(attempts), AttemptsBase: int(base), LastError: lastE.String,
-			AvailableAt: time.UnixMicro(avail).UTC(), CreatedAt: time.UnixMicro(created).UTC(),
+			AvailableAt: time.UnixMicro(avail).UTC(), CreatedAt: time.UnixMicro(created).UTC(), KeySeq: keySeq.Int64,
 		}
 		if payload.Valid {
 			m.Payload = []byte(payload.String)
