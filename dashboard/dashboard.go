@@ -1,9 +1,13 @@
 // Package dashboard is a web page for operators of an oncommit outbox: per
-// topic counts with the age of the oldest due message, a chart of the queue
+// topic counts with the age of the oldest due message (with ordered
+// delivery, the blocked messages and keys too), a chart of the queue
 // depth over the last hour, lists of messages by state, topic, key, error
-// text and time, each message's payload, headers and last error, and,
-// when the service enables them, buttons that redrive, retry, delete,
-// skip (the dead head of an ordered key) and purge messages.
+// text and time, each message's payload, headers and last error (and its
+// place in its ordered key: a dead head says it halts its key and lists
+// what waits behind it), and, when the service enables them, buttons that
+// redrive, retry, delete, skip (the dead head of an ordered key) and purge
+// messages. A confirmation says which of the selected messages an action
+// leaves alone, and why.
 //
 // It is an [http.Handler] a service mounts behind its own authentication:
 //
@@ -187,7 +191,7 @@ func (h *Handler) Sample(ctx context.Context) error {
 func (h *Handler) record(st []outbox.TopicStats) {
 	var n int64
 	for _, s := range st {
-		n += s.Pending + s.Processing
+		n += s.Pending + s.Blocked + s.Processing
 	}
 	now := time.Now()
 	h.mu.Lock()
@@ -205,17 +209,26 @@ func (h *Handler) record(st []outbox.TopicStats) {
 type page struct {
 	Title, Base, Table, CSRF, Notice, Error string
 	Actions                                 bool
-	Stats                                   []outbox.TopicStats
-	Chart                                   *chart
-	Q                                       map[string]string
-	States                                  []outbox.State
-	Count                                   int64
-	Page                                    outbox.Page
-	NextURL                                 string
-	BulkActions, MsgActions                 []string
-	M                                       outbox.MessageInfo
-	Action, What, Back                      string
-	PurgeAges                               []string
+	// Ordered: the Outbox orders by key; the stats show blocked
+	// messages and keys.
+	Ordered                 bool
+	Stats                   []outbox.TopicStats
+	Chart                   *chart
+	Q                       map[string]string
+	States                  []outbox.State
+	Count                   int64
+	Page                    outbox.Page
+	NextURL                 string
+	BulkActions, MsgActions []string
+	M                       outbox.MessageInfo
+	Action, What, Back      string
+	PurgeAges               []string
+	// Refused: the messages an action leaves alone, and why.
+	Refused []outbox.Refusal
+	// Key is the message's key's state (ordered messages); Behind the
+	// first of the messages blocked behind a head.
+	Key    outbox.KeyState
+	Behind []outbox.MessageInfo
 }
 
 // base is the path the handler is mounted at: the request's path without
@@ -230,7 +243,7 @@ func base(r *http.Request) string {
 
 func (h *Handler) newPage(r *http.Request) *page {
 	return &page{Title: h.cfg.Title, Base: base(r), Table: h.cfg.Outbox.Table().String(), CSRF: h.csrf, Actions: h.cfg.Actions,
-		Notice: r.URL.Query().Get("notice")}
+		Ordered: h.cfg.Outbox.OrdersByKey(), Notice: r.URL.Query().Get("notice")}
 }
 
 func (h *Handler) render(w http.ResponseWriter, status int, name string, p *page) {
@@ -347,7 +360,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	}
 	p := h.newPage(r)
 	p.Q, p.Page, p.Count = q, pg, n
-	p.States = []outbox.State{outbox.StatePending, outbox.StateProcessing, outbox.StateDead, outbox.StateDelivered}
+	p.States = []outbox.State{outbox.StatePending, outbox.StateBlocked, outbox.StateProcessing, outbox.StateDead, outbox.StateDelivered}
 	if !pg.Next.IsZero() {
 		v := url.Values{}
 		for k, s := range q {
@@ -403,29 +416,41 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request) {
 	p := h.newPage(r)
 	p.M = m
 	p.Q = map[string]string{"id": m.ID.String()}
-	switch m.State {
-	case outbox.StateDead:
-		p.MsgActions = []string{"redrive", "delete"}
-		if halts(h.cfg.Outbox, m) {
-			// A halted head: skip it (the key goes on) or redrive it;
-			// deleting it would leave its key waiting forever, and
-			// Outbox.Act refuses to.
-			p.MsgActions = []string{"skip", "redrive"}
+	if m.KeySeq != 0 {
+		// An ordered message: its key's head, and what waits behind it.
+		if p.Key, err = h.cfg.Outbox.KeyState(r.Context(), h.cfg.DB, m.Key); err == nil && p.Key.Head.ID == m.ID && p.Key.Blocked > 0 {
+			var pg outbox.Page
+			pg, err = h.cfg.Outbox.List(r.Context(), h.cfg.DB, outbox.Filter{Key: m.Key, States: []outbox.State{outbox.StateBlocked}}, behindShown)
+			p.Behind = pg.Messages
 		}
-	case outbox.StatePending:
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	switch {
+	case m.HaltsKey() && h.cfg.Outbox.OrdersByKey():
+		// A halted head: skip it (the key goes on) or redrive it;
+		// deleting it would leave its key waiting forever, and
+		// Outbox.Act refuses to.
+		p.MsgActions = []string{"skip", "redrive"}
+	case m.HaltsKey():
+		p.MsgActions = []string{"redrive"}
+	case m.State == outbox.StateDead:
+		p.MsgActions = []string{"redrive", "delete"}
+	case m.State == outbox.StatePending && m.KeySeq != 0:
+		p.MsgActions = []string{"retry"} // its key's head: no delete
+	case m.State == outbox.StatePending:
 		p.MsgActions = []string{"retry", "delete"}
-	case outbox.StateDelivered:
+	case m.State == outbox.StateDelivered:
 		p.MsgActions = []string{"delete"}
 	}
 	h.render(w, http.StatusOK, "message", p)
 }
 
-// halts reports whether m, dead, is the head that halts its key: ordered
-// delivery under HaltKey leaves such a head dead with no settled time
-// (every other dead message has one).
-func halts(ob *outbox.Outbox, m outbox.MessageInfo) bool {
-	return ob.OrdersByKey() && m.State == outbox.StateDead && m.Key != "" && m.SettledAt.IsZero()
-}
+// behindShown is how many of the messages blocked behind a head its page
+// lists.
+const behindShown = 10
 
 var actions = map[string]outbox.Action{"redrive": outbox.ActRedrive, "retry": outbox.ActRetry, "delete": outbox.ActDelete, "skip": outbox.ActSkip}
 
@@ -496,7 +521,9 @@ func selection(action string, f outbox.Filter, ids []outbox.ID) string {
 
 // act runs an action posted by a form of the dashboard: the first post
 // shows a confirmation page with how many messages the action would
-// change (outbox.Outbox.Targets) and a digest of their ids; the second
+// change (outbox.Outbox.Plan) and a digest of their ids, and which of the
+// selected messages it leaves alone and why (when that is all of them,
+// the page has no confirm button: it says why nothing would change); the second
 // (confirm=yes) acts on those messages only and redirects (303) back to
 // the list with a notice of how many changed. When the messages it would
 // change are no longer the ones counted (a message published or
@@ -535,19 +562,23 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		back += "?" + v.Encode()
 	}
 	ctx := r.Context()
-	ids, err := h.cfg.Outbox.Targets(ctx, h.cfg.DB, a, f)
+	plan, err := h.cfg.Outbox.Plan(ctx, h.cfg.DB, a, f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	ids := plan.IDs
 	sel := selection(name, f, ids)
-	if confirmed := r.PostForm.Get("confirm") == "yes"; !confirmed || r.PostForm.Get("selection") != sel {
+	// A confirmation page until the post confirms the messages still
+	// counted; one that says why when the action would change none.
+	confirmed := r.PostForm.Get("confirm") == "yes"
+	if stale := confirmed && r.PostForm.Get("selection") != sel; !confirmed || stale || len(ids) == 0 {
 		p := h.newPage(r)
-		p.Action, p.Count, p.What, p.Back = name, int64(len(ids)), outbox.FilterString(f), back
+		p.Action, p.Count, p.What, p.Back, p.Refused = name, int64(len(ids)), outbox.FilterString(f), back, plan.Refused
 		p.Q = maps.Clone(q)
 		p.Q["selection"] = sel
 		status := http.StatusOK
-		if confirmed {
+		if stale {
 			status = http.StatusConflict
 			p.Error = "The messages this action would change are no longer the ones shown; nothing was changed. Confirm again to act on those below."
 		}

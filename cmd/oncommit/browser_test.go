@@ -140,6 +140,21 @@ func (b *browser) clickTo(t *testing.T, sel, want string) {
 	}
 }
 
+// actOnOne clicks the message page's button of action, checks that the
+// confirmation counts one message, confirms, and checks the notice that
+// one changed.
+func (b *browser) actOnOne(t *testing.T, action string) {
+	t.Helper()
+	b.clickTo(t, "#act-"+action, "/act")
+	if text := b.text(t, "#confirm-text"); !strings.Contains(text, action+" 1 message(s)") {
+		t.Errorf("%s's confirmation: %q", action, text)
+	}
+	b.clickTo(t, "#confirm", "notice=")
+	if notice := b.text(t, "#notice"); notice != action+": 1 message(s) changed" {
+		t.Errorf("notice %q", notice)
+	}
+}
+
 func (b *browser) shot(t *testing.T, name string) {
 	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
@@ -243,14 +258,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if state := b.text(t, "#msg-state"); state != "dead" {
 		t.Errorf("message page state %q", state)
 	}
-	b.clickTo(t, "#act-redrive", "/act")
-	if text := b.text(t, "#confirm-text"); !strings.Contains(text, "redrive 1 message(s)") {
-		t.Errorf("confirmation: %q", text)
-	}
-	b.clickTo(t, "#confirm", "notice=")
-	if notice := b.text(t, "#notice"); notice != "redrive: 1 message(s) changed" {
-		t.Errorf("notice %q", notice)
-	}
+	b.actOnOne(t, "redrive")
 	b.step(t, "the dead list after the redrive", chromedp.Navigate(srv.URL+"/outbox/messages?state=dead"), chromedp.WaitVisible(chromedp.CSS("#messages")))
 	if text := b.text(t, "#messages"); strings.Contains(text, target.String()) || !strings.Contains(text, res[0].ID.String()) {
 		t.Errorf("dead list after the redrive: %q", text)
@@ -301,6 +309,100 @@ func TestDashboardInBrowser(t *testing.T) {
 	if text, forms := b.text(t, "body"), b.eval(t, `document.querySelectorAll('form').length`); !strings.Contains(text, `host "evil.example.com:`+port+`" is not allowed`) || forms != 0 {
 		t.Errorf("the list through evil.example.com: %q, %d forms", text, forms)
 	}
+	if t.Failed() {
+		b.shot(t, "final")
+	}
+}
+
+// TestOrderedDashboardInBrowser: in headless Chromium, the dashboard of an
+// Outbox with OrderByKey shows ordered delivery's state: blocked messages
+// and keys on the stats page, the blocked state in the list's filter, a
+// dead head's page saying it halts its key with the messages behind it
+// (listed and linked) and skip and redrive but no delete, a blocked
+// message's page naming its head; a bulk delete of the halted key's dead
+// messages says why it changes nothing and offers no confirmation; the
+// skip goes through and the key goes on.
+func TestOrderedDashboardInBrowser(t *testing.T) {
+	d, _ := sqliteOutbox(t)
+	ob, err := outbox.New(d.dialect, outbox.Config{OrderByKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	odb := sqltx.FromDB(d.pool)
+	res := d.seed(t, ob, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "x", Key: "H"}, outbox.Message{Topic: "x", Key: "H"},
+		outbox.Message{Topic: "y", Key: "G"})
+	failAll(t, ob, d.pool, "x", 1) // H's head dies and halts H
+	head, blocked := res[0].ID.String(), []string{res[1].ID.String(), res[2].ID.String()}
+
+	dash, err := dashboard.New(dashboard.Config{Outbox: ob, DB: odb, Actions: true, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(dash)
+	defer srv.Close()
+	b := newBrowser(t)
+
+	b.step(t, "load the stats", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#stats")))
+	if th := b.text(t, "#stats thead"); !strings.Contains(th, "Blocked") || !strings.Contains(th, "Blocked keys") || !strings.Contains(th, "Oldest blocked key") {
+		t.Errorf("stats header: %q", th)
+	}
+	if blockedN, keys := b.text(t, "#stats tbody tr td.stat-blocked"), b.text(t, "#stats tbody tr td.stat-blocked-keys"); blockedN != "2" || keys != "1" {
+		t.Errorf("stats of x: blocked %q, blocked keys %q; want 2 and 1", blockedN, keys)
+	}
+
+	// The list's filter takes the blocked state.
+	b.step(t, "open the list", chromedp.Navigate(srv.URL+"/messages"), chromedp.WaitVisible(chromedp.CSS("#f-state")),
+		chromedp.SetValue(chromedp.CSS("#f-state"), "blocked"), chromedp.SendKeys(chromedp.CSS("#f-key"), "H"))
+	b.clickTo(t, "#f-apply", "state=blocked")
+	if text := b.text(t, "#messages"); !strings.Contains(text, blocked[0]) || !strings.Contains(text, blocked[1]) || strings.Contains(text, head) {
+		t.Errorf("blocked messages of H: %q", text)
+	}
+
+	// The dead head's page.
+	b.step(t, "the dead head", chromedp.Navigate(srv.URL+"/message/"+head), chromedp.WaitVisible(chromedp.CSS("#halts-key")))
+	if text := b.text(t, "#halts-key"); !strings.Contains(text, "This message halts its key H.") || !strings.Contains(text, "2 message(s) wait behind it") ||
+		!strings.Contains(text, "skipped") || !strings.Contains(text, "redriven") || !strings.Contains(text, blocked[0]) || !strings.Contains(text, blocked[1]) {
+		t.Errorf("the dead head's page: %q", text)
+	}
+	if skip, redrive, del := b.eval(t, `document.querySelectorAll('#act-skip').length`), b.eval(t, `document.querySelectorAll('#act-redrive').length`), b.eval(t, `document.querySelectorAll('#act-delete').length`); skip != 1 || redrive != 1 || del != 0 {
+		t.Errorf("the dead head's buttons: skip %d, redrive %d, delete %d; want 1, 1, 0", skip, redrive, del)
+	}
+	if os.Getenv("UPDATE_SCREENSHOTS") != "" {
+		b.screenshotTo(t, "../../docs/dashboard-halted.png")
+	}
+	b.clickTo(t, "#behind-link", "state=blocked")
+	if text := b.text(t, "#count"); !strings.HasPrefix(text, "2 matching") {
+		t.Errorf("the messages behind the head, by its link: %q", text)
+	}
+	b.step(t, "a blocked message", chromedp.Navigate(srv.URL+"/message/"+blocked[0]), chromedp.WaitVisible(chromedp.CSS("#waits-behind")))
+	if text := b.text(t, "#waits-behind"); !strings.Contains(text, head) || !strings.Contains(text, "(dead)") {
+		t.Errorf("a blocked message's page: %q", text)
+	}
+	if forms := b.eval(t, `document.querySelectorAll('button[id^=act-]').length`); forms != 0 {
+		t.Errorf("a blocked message's page: %d action buttons, want none", forms)
+	}
+
+	// A bulk delete of H's dead messages: nothing would change, and why.
+	b.step(t, "H's dead", chromedp.Navigate(srv.URL+"/messages?state=dead&key=H"), chromedp.WaitVisible(chromedp.CSS("#bulk-delete")))
+	b.clickTo(t, "#bulk-delete", "/act")
+	if text, refused := b.text(t, "#confirm-text"), b.text(t, "#refused"); !strings.Contains(text, "delete would change nothing") ||
+		!strings.Contains(refused, "halts its ordered key") || !strings.Contains(refused, "skip it") || !strings.Contains(refused, head) {
+		t.Errorf("the bulk delete's page: %q, %q", text, refused)
+	}
+	if n := b.eval(t, `document.querySelectorAll('#confirm').length`); n != 0 {
+		t.Errorf("the bulk delete that would change nothing offers %d confirm buttons", n)
+	}
+	if m, err := ob.Get(context.Background(), odb, res[0].ID); err != nil || m.State != outbox.StateDead {
+		t.Errorf("the head after the refused delete: %+v, %v", m, err)
+	}
+
+	// The skip the page offers: the key goes on.
+	b.step(t, "the dead head again", chromedp.Navigate(srv.URL+"/message/"+head), chromedp.WaitVisible(chromedp.CSS("#act-skip")))
+	b.actOnOne(t, "skip")
+	if m, err := ob.Get(context.Background(), odb, res[1].ID); err != nil || m.State != outbox.StatePending {
+		t.Errorf("H's next message after the skip: %+v, %v, want pending", m, err)
+	}
+	b.noErrors(t)
 	if t.Failed() {
 		b.shot(t, "final")
 	}
