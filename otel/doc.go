@@ -2,7 +2,8 @@
 // published message whose context travels in the message's headers, a
 // span per delivery linked to it, the messaging semantic conventions'
 // metrics, and gauges of the queue (due, processing and dead messages, and
-// the age of the oldest due one, per topic).
+// the age of the oldest due one, per topic; with ordered delivery, blocked
+// messages, held and blocked keys and the age of the oldest blocked key).
 //
 // It lives in a module of its own (github.com/oncommit/oncommit/otel), so
 // that a service that does not import it gets no OpenTelemetry module.

@@ -67,6 +67,10 @@ const (
 	MetricListenerDown      = "oncommit.listener.disconnects"
 	MetricQueueMessages     = "oncommit.queue.messages"
 	MetricQueueOldestAge    = "oncommit.queue.oldest_due.age"
+	// The queue gauges of ordered delivery, reported for an Outbox with
+	// OrderByKey.
+	MetricQueueKeys             = "oncommit.queue.keys"
+	MetricQueueOldestBlockedAge = "oncommit.queue.oldest_blocked_key.age"
 )
 
 // Config configures a [Telemetry]. The zero value works.

@@ -48,21 +48,30 @@ type queueState struct {
 	at     time.Time
 	stale  time.Duration // a measurement older than this is not reported
 	leader bool
+	// ordered: the measured Outbox orders by key; the gauges of ordered
+	// delivery report.
+	ordered bool
 
-	messages metric.Int64ObservableGauge
-	oldest   metric.Float64ObservableGauge
+	messages      metric.Int64ObservableGauge
+	oldest        metric.Float64ObservableGauge
+	keys          metric.Int64ObservableGauge
+	oldestBlocked metric.Float64ObservableGauge
 }
 
 func (q *queueState) init(t *Telemetry, m metric.Meter) error {
-	var err1, err2 error
+	var err1, err2, err3, err4 error
 	q.messages, err1 = m.Int64ObservableGauge(MetricQueueMessages, metric.WithUnit("{message}"),
-		metric.WithDescription("Messages in the outbox table by state: pending (due or scheduled), due (the pending ones due now), processing, dead, delivered (when kept)."))
+		metric.WithDescription("Messages in the outbox table by state: pending (due or scheduled), due (the pending ones due now), processing, dead, delivered (when kept), and with ordered delivery blocked (waiting behind the head of their key)."))
 	q.oldest, err2 = m.Float64ObservableGauge(MetricQueueOldestAge, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest due pending message: how late delivery runs."))
-	if err := errors.Join(err1, err2); err != nil {
+	q.keys, err3 = m.Int64ObservableGauge(MetricQueueKeys, metric.WithUnit("{key}"),
+		metric.WithDescription("Ordered keys by state, per topic of their head: held (messages wait behind the head), blocked (the head failed: dead, halting the key until it is skipped or redriven, or waiting for a retry)."))
+	q.oldestBlocked, err4 = m.Float64ObservableGauge(MetricQueueOldestBlockedAge, metric.WithUnit("s"),
+		metric.WithDescription("Age (since it was published) of the oldest head of a blocked ordered key."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return err
 	}
-	_, err := m.RegisterCallback(q.observe, q.messages, q.oldest)
+	_, err := m.RegisterCallback(q.observe, q.messages, q.oldest, q.keys, q.oldestBlocked)
 	return err
 }
 
@@ -74,12 +83,21 @@ func (q *queueState) observe(_ context.Context, o metric.Observer) error {
 	if !q.leader || q.at.IsZero() || time.Since(q.at) > q.stale {
 		return nil
 	}
+	type count struct {
+		state string
+		n     int64
+	}
 	for _, s := range q.stats {
 		base := []attribute.KeyValue{KeySystem.String(System), KeyDestination.String(s.Topic)}
-		for _, st := range []struct {
-			state string
-			n     int64
-		}{{"pending", s.Pending}, {"due", s.Due}, {"processing", s.Processing}, {"dead", s.Dead}, {"delivered", s.Delivered}} {
+		messages := []count{{"pending", s.Pending}, {"due", s.Due}, {"processing", s.Processing}, {"dead", s.Dead}, {"delivered", s.Delivered}}
+		if q.ordered {
+			messages = append(messages, count{"blocked", s.Blocked})
+			for _, k := range []count{{"held", s.HeldKeys}, {"blocked", s.BlockedKeys}} {
+				o.ObserveInt64(q.keys, k.n, metric.WithAttributes(append(base, KeyState.String(k.state))...))
+			}
+			o.ObserveFloat64(q.oldestBlocked, s.OldestBlockedKey.Seconds(), metric.WithAttributes(base...))
+		}
+		for _, st := range messages {
 			o.ObserveInt64(q.messages, st.n, metric.WithAttributes(append(base, KeyState.String(st.state))...))
 		}
 		o.ObserveFloat64(q.oldest, s.OldestPending.Seconds(), metric.WithAttributes(base...))
@@ -90,7 +108,10 @@ func (q *queueState) observe(_ context.Context, o metric.Observer) error {
 // ObserveQueue measures ob's table through db every cfg.Interval, while
 // cfg.Elector says this replica leads, and reports the queue gauges
 // (oncommit.queue.messages per topic and state, oncommit.queue.oldest_due.age
-// per topic) from the last measurement. It blocks until ctx ends, then
+// per topic; when ob orders by key, the blocked messages among the former,
+// oncommit.queue.keys per topic and state held or blocked, and
+// oncommit.queue.oldest_blocked_key.age per topic) from the last
+// measurement. It blocks until ctx ends, then
 // releases the lead and returns nil; run it beside Relay.Run, once per
 // Telemetry (the gauges report one table's measurement). A failed
 // measurement or election is retried at the next interval; meanwhile the
@@ -108,7 +129,7 @@ func (t *Telemetry) ObserveQueue(ctx context.Context, ob *outbox.Outbox, db outb
 	}
 	q := &t.queue
 	q.mu.Lock()
-	q.stale = 3 * cfg.Interval
+	q.stale, q.ordered = 3*cfg.Interval, ob.OrdersByKey()
 	q.mu.Unlock()
 	defer func() {
 		q.mu.Lock()
