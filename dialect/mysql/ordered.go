@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,12 +30,17 @@ import (
 // second numbers the rows from the key rows it now holds.
 //
 // Every write that moves a key's head (the settle of runs, redrive, skip)
-// is one transaction that first locks its key rows in key order (waiting
-// for open publishes of those keys), then reads what it needs with plain
-// reads, whose snapshot InnoDB takes at the first of them, after the locks:
-// they see every message the publishes stored. Those reads take no locks,
-// and the writes reach rows by primary key (see [KeysSQL]), so a settle
-// never holds a gap of the key index that a publisher's INSERT waits for.
+// is one transaction that first locks its key rows in key order, by
+// primary key (redrive and skip wait for open publishes of those keys; the
+// settle of runs skips the keys another transaction holds and leaves
+// their runs for later, so that an open publish delays only its own key),
+// then reads what it needs with plain reads, whose snapshot InnoDB takes
+// at the first of them, after the locks: they see every message the
+// publishes stored. Those reads take no locks, and the writes reach rows
+// by primary key (see [KeysSQL]), each fenced in its own WHERE on the
+// rows it changes, so a settle never holds a gap of the key index that a
+// publisher's INSERT waits for. A write changes only messages of the keys
+// it locked.
 
 var (
 	_ outboxdriver.OrderedDialect = (*dialect)(nil)
@@ -242,51 +248,109 @@ func keyList(b *strings.Builder, keys []string) {
 	}
 }
 
+// keyRows writes how the writes of ordered delivery reach key rows: a
+// derived table v of keys, sorted and without repeats, joined first to
+// the keys table (as ks) by primary key,
+//
+//	(SELECT <key> AS k UNION ALL SELECT <key> ...) AS v
+//	STRAIGHT_JOIN `outbox_keys` AS ks FORCE INDEX (PRIMARY) ON ks.message_key = v.k
+//
+// so that each key row is one unique lookup (eq_ref), taken in key order,
+// and no other key row is read or locked. A WHERE message_key IN (...)
+// does not promise this: when the list is most of a small table, MariaDB
+// scans the whole primary key, and a locking scan locks (and waits for)
+// every key row it passes, such as the row of a key whose publisher's
+// transaction is open: the write would then wait for a key it skipped.
+func keyRows(b *strings.Builder, t outboxdriver.Table, ks []string) {
+	ks = slices.Clone(ks)
+	slices.Sort(ks)
+	b.WriteByte('(')
+	for i, k := range slices.Compact(ks) {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString("SELECT ")
+		text(b, k)
+		if i == 0 {
+			b.WriteString(" AS k")
+		}
+	}
+	b.WriteString(") AS v STRAIGHT_JOIN " + keysTable(t) + " AS ks FORCE INDEX (PRIMARY) ON ks.message_key = v.k")
+}
+
 // LockKeysSQL returns the first statement of every write that can move a
-// key's head: it locks the key rows of keys in key order (waiting for open
-// publishes of those keys to commit) and reads their halted_seq.
-func LockKeysSQL(t outboxdriver.Table, keys []string) string {
+// key's head: it locks the key rows of keys in key order, by primary key
+// (keyRows: no other key row, no gap), and reads their last_seq and
+// halted_seq. Without skipLocked it waits for open publishes of those keys
+// to commit (redrive, skip); with skipLocked (the settle of runs) it skips
+// the key rows another transaction holds and returns only those it
+// locked.
+func LockKeysSQL(t outboxdriver.Table, keys []string, skipLocked bool) string {
 	var b strings.Builder
-	b.WriteString("SELECT message_key, halted_seq FROM " + keysTable(t) + " WHERE message_key IN (")
-	keyList(&b, keys)
-	b.WriteString(") ORDER BY message_key FOR UPDATE")
+	b.WriteString("SELECT ks.message_key, ks.last_seq, ks.halted_seq FROM ")
+	keyRows(&b, t, keys)
+	b.WriteString(" FOR UPDATE")
+	if skipLocked {
+		b.WriteString(" SKIP LOCKED")
+	}
 	return b.String()
 }
 
-// lockKeys runs LockKeysSQL and returns the halted_seq of each key that has
-// one (by normKey).
-func lockKeys(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, keys []string) (map[string]int64, error) {
-	rows, err := tx.QueryDB(ctx, LockKeysSQL(t, keys))
+// keyRow is a key row that a write has locked.
+type keyRow struct {
+	last   int64 // last_seq
+	halted int64 // halted_seq; 0 for none (key_seq values start at 1)
+}
+
+// lockKeys runs LockKeysSQL and returns the rows it locked, by normKey.
+func lockKeys(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, keys []string, skipLocked bool) (map[string]keyRow, error) {
+	rows, err := tx.QueryDB(ctx, LockKeysSQL(t, keys, skipLocked))
 	if err != nil {
 		return nil, err
 	}
-	halted := map[string]int64{}
+	locked := make(map[string]keyRow, len(keys))
 	for rows.Next() {
 		var k string
+		var r keyRow
 		var h *int64
-		if err := rows.Scan(&k, &h); err != nil {
+		if err := rows.Scan(&k, &r.last, &h); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		if h != nil {
-			halted[normKey(k)] = *h
+			r.halted = *h
 		}
+		locked[normKey(k)] = r
 	}
-	return halted, closeRows(rows)
+	return locked, closeRows(rows)
+
 }
 
 // failure is a failed message of a held run.
 type failure struct {
-	id, head outboxdriver.ID
-	s        outboxdriver.Settlement
-	halt     bool
+	id   outboxdriver.ID
+	head outboxdriver.Fence // the run's head
+	s    outboxdriver.Settlement
+	halt bool
+}
+
+// runFence writes the WHERE of a write of messages of the held runs
+// headed by heads: the fence of each row, checked by the write itself on
+// the row version it changes (I2): a head must still be processing with
+// its claimed attempts, any other message (a run member) still blocked.
+func runFence(b *strings.Builder, heads []outboxdriver.Fence) {
+	b.WriteString("\nWHERE CASE o.id")
+	for _, h := range heads {
+		b.WriteString(" WHEN '" + h.ID.String() + "' THEN o.state = 'processing' AND o.attempts = " + strconv.Itoa(h.Attempts))
+	}
+	b.WriteString(" ELSE o.state = 'blocked' END")
 }
 
 // runFailedSQL returns the write of the failed messages of held runs, by
-// primary key: a retry makes the message its key's head again (pending
-// after its delay, attempts + 1 for a run member), a dead one is dead
-// (settled_at NULL under Halt, so that Purge never deletes a halted head,
-// whose key would wait for it forever).
+// primary key, fenced (runFence): a retry makes the message its key's
+// head again (pending after its delay, attempts + 1 for a run member), a
+// dead one is dead (settled_at NULL under Halt, so that Purge never
+// deletes a halted head, whose key would wait for it forever).
 func runFailedSQL(t outboxdriver.Table, fs []failure) string {
 	var b strings.Builder
 	ids := make([]outboxdriver.ID, len(fs))
@@ -318,7 +382,7 @@ func runFailedSQL(t outboxdriver.Table, fs []failure) string {
 		}
 	})
 	each("attempts", func(b *strings.Builder, f *failure) {
-		if f.id == f.head {
+		if f.id == f.head.ID {
 			b.WriteString("o.attempts")
 		} else {
 			b.WriteString("o.attempts + 1")
@@ -342,40 +406,58 @@ func runFailedSQL(t outboxdriver.Table, fs []failure) string {
 			b.WriteString(now)
 		}
 	})
-	b.WriteString("\nWHERE o.state IN ('processing', 'blocked')")
+	heads := make([]outboxdriver.Fence, len(fs))
+	for i := range fs {
+		heads[i] = fs[i].head
+	}
+	runFence(&b, heads)
 	return b.String()
 }
 
-// keyChange is what a write does to a key row: live changes by n, and
-// halted (when set) becomes its halted_seq: the key_seq of message
-// haltedBy, or NULL when unhalt.
+// keyChange is what a write does to a key row: live changes by n,
+// last_seq grows by seq (the key_seq values a redrive gave), and halted
+// (when set) becomes its halted_seq: the key_seq of message haltedBy, or
+// NULL when unhalt.
 type keyChange struct {
 	key      string
-	n        int
+	n, seq   int
 	haltedBy outboxdriver.ID
 	unhalt   bool
 }
 
 // keysUpdateSQL returns the update of key rows after a write (see
-// keyChange): by primary key, each assignment reading only its own column.
+// keyChange): by primary key (keyRows), each assignment reading only its
+// own column.
 func keysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
 	var b strings.Builder
-	b.WriteString("UPDATE " + keysTable(t) + " SET live = live + CASE message_key")
-	var ks []string
-	for _, c := range cs {
-		b.WriteString(" WHEN ")
-		text(&b, c.key)
-		b.WriteString(" THEN " + strconv.Itoa(c.n))
-		ks = append(ks, c.key)
+	add := func(col string, v func(c *keyChange) int) {
+		b.WriteString("ks." + col + " = ks." + col + " + CASE ks.message_key")
+		for i := range cs {
+			b.WriteString(" WHEN ")
+			text(&b, cs[i].key)
+			b.WriteString(" THEN " + strconv.Itoa(v(&cs[i])))
+		}
+		b.WriteString(" ELSE 0 END")
 	}
-	b.WriteString(" ELSE 0 END")
+	ks := make([]string, len(cs))
+	for i := range cs {
+		ks[i] = cs[i].key
+	}
+	b.WriteString("UPDATE ")
+	keyRows(&b, t, ks)
+	b.WriteString("\nSET ")
+	add("live", func(c *keyChange) int { return c.n })
+	if slices.ContainsFunc(cs, func(c keyChange) bool { return c.seq != 0 }) {
+		b.WriteString(",\n    ")
+		add("last_seq", func(c *keyChange) int { return c.seq })
+	}
 	first := true
 	for _, c := range cs {
 		if c.haltedBy.IsZero() && !c.unhalt {
 			continue
 		}
 		if first {
-			b.WriteString(",\n    halted_seq = CASE message_key")
+			b.WriteString(",\n    ks.halted_seq = CASE ks.message_key")
 			first = false
 		}
 		b.WriteString(" WHEN ")
@@ -387,11 +469,8 @@ func keysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
 		}
 	}
 	if !first {
-		b.WriteString(" ELSE halted_seq END")
+		b.WriteString(" ELSE ks.halted_seq END")
 	}
-	b.WriteString("\nWHERE message_key IN (")
-	keyList(&b, ks)
-	b.WriteByte(')')
 	return b.String()
 }
 
@@ -429,7 +508,7 @@ func perKey(t outboxdriver.Table, alias, cols, tail string, keys []string) strin
 // (pending), in tx after the keys are locked. With check, only keys that
 // have no head and are not halted (halted, by normKey) are given one: a
 // redrive or a skip; a settle knows its keys have none.
-func promote(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, ks []string, check bool, halted map[string]int64) error {
+func promote(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, ks []string, check bool, halted map[string]bool) error {
 	slices.Sort(ks)
 	ks = slices.Compact(ks)
 	if check {
@@ -437,10 +516,7 @@ func promote(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, ks [
 		if err := scanStrings(ctx, tx, HeadsSQL(t, ks), func(k ...string) { has[normKey(k[0])] = true }, 1); err != nil {
 			return err
 		}
-		ks = slices.DeleteFunc(ks, func(k string) bool {
-			_, h := halted[normKey(k)]
-			return has[normKey(k)] || h
-		})
+		ks = slices.DeleteFunc(ks, func(k string) bool { return has[normKey(k)] || halted[normKey(k)] })
 	}
 	if len(ks) == 0 {
 		return nil
@@ -481,10 +557,11 @@ func scanStrings(ctx context.Context, db outboxdriver.DB, q string, f func(s ...
 	return closeRows(rows)
 }
 
-// RunDoneSQL returns the write of the successes of held runs, by primary
-// key: deleted, or marked delivered with keep, without their key_seq (so
-// that a key's delivered history is out of the key index's ranges).
-func RunDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, keep bool) string {
+// RunDoneSQL returns the write of the successes ids of held runs whose
+// heads are heads, by primary key, fenced (runFence): deleted, or marked
+// delivered with keep, without their key_seq (so that a key's delivered
+// history is out of the key index's ranges).
+func RunDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, heads []outboxdriver.Fence, keep bool) string {
 	var b strings.Builder
 	if keep {
 		b.WriteString("UPDATE ")
@@ -494,29 +571,47 @@ func RunDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, keep bool) string {
 		b.WriteString("DELETE o FROM ")
 		keys(&b, t, ids)
 	}
-	b.WriteString(" WHERE o.state IN ('processing', 'blocked')")
+	runFence(&b, heads)
 	return b.String()
 }
 
 // SettleRuns writes the outcomes in one transaction: it locks the runs'
-// key rows in key order (LockKeysSQL: waiting for open publishes of those
-// keys), then the heads (LockSQL), and for the runs whose head still holds
-// writes their successes (RunDoneSQL) and failures (runFailedSQL), counts
-// them in their keys (keysUpdateSQL) and gives the keys left without a head
-// their next message (NextSQL, then an update by primary key).
-func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, error) {
+// key rows in key order, skipping those another transaction holds
+// (LockKeysSQL with SKIP LOCKED: an open publish of the key, a redrive, a
+// skip, another settle), whose runs it returns in busy, untouched. Then
+// it locks the heads of the others (LockSQL), and for the runs whose head
+// still holds writes their successes (RunDoneSQL) and failures
+// (runFailedSQL), each write fenced on the rows it changes, counts them in
+// their keys (keysUpdateSQL) and gives the keys left without a head their
+// next message (NextSQL, then an update by primary key). It never waits
+// for a key row: one open publishing transaction delays only its own key.
+func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, []int, error) {
 	if len(runs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	heads, ks := make([]outboxdriver.Fence, len(runs)), make([]string, len(runs))
+	ks := make([]string, len(runs))
 	for i := range runs {
-		heads[i], ks[i] = runs[i].Head, runs[i].Key
+		ks[i] = runs[i].Key
 	}
 	var applied []outboxdriver.Fence
+	var busy []int
 	err := d.inTx(ctx, db, "settle", func(tx outboxdriver.DB) error {
-		applied = nil
-		if _, err := lockKeys(ctx, tx, t, ks); err != nil {
+		applied, busy = nil, nil
+		locked, err := lockKeys(ctx, tx, t, ks, true)
+		if err != nil {
 			return err
+		}
+		var mine []int
+		var heads []outboxdriver.Fence
+		for i := range runs {
+			if _, ok := locked[normKey(runs[i].Key)]; ok {
+				mine, heads = append(mine, i), append(heads, runs[i].Head)
+			} else {
+				busy = append(busy, i)
+			}
+		}
+		if len(mine) == 0 {
+			return nil
 		}
 		idx, err := held(ctx, tx, t, heads, nil)
 		if err != nil || len(idx) == 0 {
@@ -526,8 +621,8 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 		var failed []failure
 		var next []string
 		change := map[string]*keyChange{}
-		for _, i := range idx {
-			r := &runs[i]
+		for _, j := range idx {
+			r := &runs[mine[j]]
 			applied = append(applied, r.Head)
 			done = append(done, r.Done...)
 			c := change[normKey(r.Key)]
@@ -538,9 +633,9 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 			c.n -= len(r.Done)
 			switch r.Failed.Kind {
 			case outboxdriver.SettleRetry:
-				failed = append(failed, failure{r.Failed.ID, r.Head.ID, r.Failed, false})
+				failed = append(failed, failure{r.Failed.ID, r.Head, r.Failed, false})
 			case outboxdriver.SettleDead:
-				failed = append(failed, failure{r.Failed.ID, r.Head.ID, r.Failed, r.Halt})
+				failed = append(failed, failure{r.Failed.ID, r.Head, r.Failed, r.Halt})
 				if r.Halt {
 					c.haltedBy = r.Failed.ID // the key waits
 				} else {
@@ -552,7 +647,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 			}
 		}
 		if len(done) > 0 {
-			if err := exec(ctx, tx, RunDoneSQL(t, done, p.KeepDelivered)); err != nil {
+			if err := exec(ctx, tx, RunDoneSQL(t, done, applied, p.KeepDelivered)); err != nil {
 				return err
 			}
 		}
@@ -578,25 +673,30 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return applied, nil
+	return applied, busy, nil
 }
 
 // deadOrdered is a dead ordered message picked for a redrive.
 type deadOrdered struct {
 	id  outboxdriver.ID
 	key string
+	seq int64 // its key_seq, once locked
 }
 
 // redriveOrderedIDs redrives, in one transaction, the dead ordered
-// messages of picked that are still dead: it locks their keys (LockKeysSQL),
-// then the messages, makes them blocked again at their key_seq with fresh
-// attempts, counts them in their keys again (a redriven halted head never
-// stopped counting: it no longer halts its key), and gives each key left
-// without a head, and not halted by a head not redriven, its first blocked
-// message: a redriven message re-enters its key at its place, never
-// beside its key's head. It returns how many it redrove.
+// messages of picked that are still dead: it locks their keys (LockKeysSQL,
+// waiting for open publishes of those keys), then the messages, and
+// changes only those whose key row it holds. Each re-enters its key at
+// the place outboxdriver.OrderedDialect's RedriveOrdered gives (I5): the
+// key's halted head keeps its key_seq and no longer halts the key (it
+// never stopped counting in live); any other takes a new key_seq after
+// the key's last_seq, in its old order among those redriven with it
+// (last_seq and live grow by one for each). All become blocked with
+// fresh attempts, and each key left without a head, and not halted by a
+// head not redriven, gets its first blocked message as its head. It
+// returns how many it redrove.
 func (d *dialect) redriveOrderedIDs(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, picked []deadOrdered) (int64, error) {
 	ids, ks := make([]outboxdriver.ID, len(picked)), make([]string, len(picked))
 	for i, m := range picked {
@@ -605,7 +705,7 @@ func (d *dialect) redriveOrderedIDs(ctx context.Context, db outboxdriver.DB, t o
 	var n int64
 	err := d.inTx(ctx, db, "redrive", func(tx outboxdriver.DB) error {
 		n = 0
-		halted, err := lockKeys(ctx, tx, t, ks)
+		locked, err := lockKeys(ctx, tx, t, ks, false)
 		if err != nil {
 			return err
 		}
@@ -617,55 +717,92 @@ func (d *dialect) redriveOrderedIDs(ctx context.Context, db outboxdriver.DB, t o
 		if err != nil {
 			return err
 		}
-		var still []outboxdriver.ID
-		var touched []string
-		change := map[string]*keyChange{}
+		var still []deadOrdered
 		for rows.Next() {
-			var id, k string
-			var seq int64
-			if err := rows.Scan(&id, &k, &seq); err != nil {
+			var m deadOrdered
+			var id string
+			if err := rows.Scan(&id, &m.key, &m.seq); err != nil {
 				rows.Close()
 				return err
 			}
-			pid, err := outboxdriver.ParseID(id)
-			if err != nil {
+			if m.id, err = outboxdriver.ParseID(id); err != nil {
 				rows.Close()
 				return err
 			}
-			still, touched = append(still, pid), append(touched, k)
-			c := change[normKey(k)]
-			if c == nil {
-				c = &keyChange{key: k}
-				change[normKey(k)] = c
-			}
-			if h, ok := halted[normKey(k)]; ok && h == seq {
-				c.unhalt = true
-				delete(halted, normKey(k))
-			} else {
-				c.n++
+			if _, ok := locked[normKey(m.key)]; ok { // never a message whose key row this transaction does not hold
+				still = append(still, m)
 			}
 		}
 		if err := closeRows(rows); err != nil || len(still) == 0 {
 			return err
 		}
+		// Each key's redriven messages in their old order: the new
+		// key_seq values follow it.
+		slices.SortFunc(still, func(a, b deadOrdered) int {
+			return cmp.Or(strings.Compare(normKey(a.key), normKey(b.key)), cmp.Compare(a.seq, b.seq))
+		})
+		change := map[string]*keyChange{}
+		var cs []*keyChange
+		var touched []string
+		var renumbered []deadOrdered
+		for _, m := range still {
+			nk := normKey(m.key)
+			c := change[nk]
+			if c == nil {
+				c = &keyChange{key: m.key}
+				change[nk], cs = c, append(cs, c)
+			}
+			touched = append(touched, m.key)
+			if k := locked[nk]; k.halted != 0 && k.halted == m.seq {
+				c.unhalt = true
+				continue
+			}
+			c.n++
+			c.seq++
+			m.seq = locked[nk].last + int64(c.seq)
+			renumbered = append(renumbered, m)
+		}
 		b.Reset()
 		b.WriteString("UPDATE ")
-		keys(&b, t, still)
-		b.WriteString(" SET o.state = 'blocked', o.attempts_base = o.attempts, o.available_at = " + now + ", o.settled_at = NULL, o.last_error = NULL WHERE o.state = 'dead'")
+		keys(&b, t, idsOf(still))
+		b.WriteString(" SET o.state = 'blocked', o.attempts_base = o.attempts, o.available_at = " + now + ", o.settled_at = NULL, o.last_error = NULL")
+		if len(renumbered) > 0 {
+			b.WriteString(",\n    o.key_seq = CASE o.id")
+			for _, m := range renumbered {
+				b.WriteString(" WHEN '" + m.id.String() + "' THEN " + strconv.FormatInt(m.seq, 10))
+			}
+			b.WriteString(" ELSE o.key_seq END")
+		}
+		b.WriteString("\nWHERE o.state = 'dead'")
 		if err := exec(ctx, tx, b.String()); err != nil {
 			return err
 		}
-		cs := make([]keyChange, 0, len(change))
-		for _, c := range change {
-			cs = append(cs, *c)
+		kcs := make([]keyChange, len(cs))
+		halted := map[string]bool{}
+		for i, c := range cs {
+			kcs[i] = *c
 		}
-		if err := exec(ctx, tx, keysUpdateSQL(t, cs)); err != nil {
+		for nk, k := range locked {
+			if k.halted != 0 && (change[nk] == nil || !change[nk].unhalt) {
+				halted[nk] = true
+			}
+		}
+		if err := exec(ctx, tx, keysUpdateSQL(t, kcs)); err != nil {
 			return err
 		}
 		n = int64(len(still))
 		return promote(ctx, tx, t, touched, true, halted)
 	})
 	return n, err
+}
+
+// idsOf returns the ids of ms.
+func idsOf(ms []deadOrdered) []outboxdriver.ID {
+	ids := make([]outboxdriver.ID, len(ms))
+	for i := range ms {
+		ids[i] = ms[i].id
+	}
+	return ids
 }
 
 // redriveOrderedBatches redrives the dead ordered messages that find (a
@@ -678,7 +815,7 @@ func (d *dialect) redriveOrderedBatches(ctx context.Context, db outboxdriver.DB,
 		var picked []deadOrdered
 		err := scanStrings(ctx, db, find, func(s ...string) {
 			if id, err := outboxdriver.ParseID(s[0]); err == nil {
-				picked = append(picked, deadOrdered{id, s[1]})
+				picked = append(picked, deadOrdered{id: id, key: s[1]})
 			}
 		}, 2)
 		if err != nil || len(picked) == 0 {
@@ -730,12 +867,12 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 	var ok bool
 	err := d.inTx(ctx, db, "skip", func(tx outboxdriver.DB) error {
 		id, ok = outboxdriver.ID{}, false
-		halted, err := lockKeys(ctx, tx, t, []string{key})
+		locked, err := lockKeys(ctx, tx, t, []string{key}, false)
 		if err != nil {
 			return err
 		}
-		seq, found := halted[normKey(key)]
-		if !found {
+		seq := locked[normKey(key)].halted
+		if seq == 0 {
 			return nil
 		}
 		var b strings.Builder
