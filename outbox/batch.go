@@ -216,11 +216,12 @@ func (r *Relay) addItem(items *[]batchItem, m *outboxdriver.Claimed, attempts in
 func (r *Relay) settleBatch(items []batchItem, errs []error, start, expires time.Time) {
 	out := make([]queued, 0, len(items))
 	var run *outboxdriver.RunOutcome
-	stopped := false // run's key had a message not done
+	var settled []outboxdriver.Settlement // run's, for the tracer
+	stopped := false                      // run's key had a message not done
 	flush := func() {
 		if run != nil {
-			r.sendRun(queuedRun{*run, expires})
-			run = nil
+			r.sendRun(queuedRun{*run, expires, settled})
+			run, settled = nil, nil
 		}
 	}
 	for i := range items {
@@ -252,6 +253,9 @@ func (r *Relay) settleBatch(items []batchItem, errs []error, start, expires time
 			default:
 				run.Failed, stopped = s, true
 				run.Halt = s.Kind == outboxdriver.SettleDead && r.halts(it.m.Topic)
+			}
+			if run != nil && r.cfg.Tracer != nil {
+				settled = append(settled, s)
 			}
 		}
 		if r.cfg.Observer != nil {

@@ -249,7 +249,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 			// gets a copy, the buffer is reused by the next claim.
 			batch, applied = settlements(done), slices.Clone(applied)
 		}
-		r.report(ctx, len(done), batch, applied, true, start, nil)
+		r.report(ctx, len(done), len(applied), batch, applied, true, start, nil)
 	}
 	clear(done) // no error strings kept until the next claim
 	if r.cfg.Tracer != nil {

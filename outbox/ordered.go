@@ -111,6 +111,9 @@ type orderedRelay struct {
 type queuedRun struct {
 	outboxdriver.RunOutcome
 	expires time.Time
+	// settled are the settlements of the run's messages handled (Done's,
+	// then Failed), for the tracer (see runOutcomes); nil without one.
+	settled []outboxdriver.Settlement
 }
 
 // sendRun queues a run's outcome; after the run settler's last write it is
@@ -180,6 +183,7 @@ func (r *Relay) deliverOrdered(j *job) bool {
 	}
 	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
 	out := outboxdriver.RunOutcome{Head: head, Key: c.Key, Done: make([]outboxdriver.ID, 0, 1+len(c.Run))}
+	var settled []outboxdriver.Settlement // for the tracer
 	for i := -1; i < len(c.Run); i++ {
 		m, attempts := c, c.Attempts
 		if i >= 0 {
@@ -192,6 +196,9 @@ func (r *Relay) deliverOrdered(j *job) bool {
 			attempts = m.Attempts + 1
 		}
 		s := r.handleOne(&j.ctx, m, attempts)
+		if r.cfg.Tracer != nil {
+			settled = append(settled, s)
+		}
 		if s.Kind == outboxdriver.SettleDone {
 			out.Done = append(out.Done, m.ID)
 			continue
@@ -201,7 +208,7 @@ func (r *Relay) deliverOrdered(j *job) bool {
 		break
 	}
 	// The lease as renewed during the run, read once the run is over.
-	r.sendRun(queuedRun{out, j.b.leaseEnd(r.cfg.Lease)})
+	r.sendRun(queuedRun{out, j.b.leaseEnd(r.cfg.Lease), settled})
 	return true
 }
 
@@ -223,7 +230,7 @@ func (r *Relay) deadSpent(j *job) {
 	if c.KeySeq == 0 {
 		r.send(queued{s, expires})
 	} else {
-		r.sendRun(queuedRun{outboxdriver.RunOutcome{Head: head, Key: c.Key, Failed: s, Halt: r.halts(c.Topic)}, expires})
+		r.sendRun(queuedRun{outboxdriver.RunOutcome{Head: head, Key: c.Key, Failed: s, Halt: r.halts(c.Topic)}, expires, []outboxdriver.Settlement{s}})
 	}
 }
 
@@ -428,7 +435,8 @@ func (r *Relay) settleRuns(ctx context.Context, batch []queuedRun) (held []queue
 	for _, i := range busy {
 		held = append(held, batch[i])
 	}
-	r.report(ctx, len(batch)-len(held), nil, applied, false, start, err)
+	n, ok, s, fences := r.runOutcomes(batch, busy, applied)
+	r.report(ctx, n, ok, s, fences, false, start, err)
 	return held, err
 }
 

@@ -88,7 +88,7 @@ func orderedRelayOn(t *testing.T, d *orderedFake) (*Relay, *syncBuffer) {
 
 func queuedRunOf(key string) queuedRun {
 	h := outboxdriver.Fence{ID: NewID(), Attempts: 1}
-	return queuedRun{outboxdriver.RunOutcome{Head: h, Key: key, Done: []ID{h.ID}}, time.Now().Add(time.Hour)}
+	return queuedRun{outboxdriver.RunOutcome{Head: h, Key: key, Done: []ID{h.ID}}, time.Now().Add(time.Hour), nil}
 }
 
 // TestFinalRunsCountFailuresOnly (issue 31 finding 6): at shutdown, with

@@ -337,23 +337,75 @@ func (r *Relay) settle(ctx context.Context, batch []outboxdriver.Settlement) err
 	if err != nil {
 		err = wrapOp(ctx, "settle", r.d.Classify(err))
 	}
-	r.report(ctx, len(batch), batch, applied, false, start, err)
+	r.report(ctx, len(batch), len(applied), batch, applied, false, start, err)
 	return err
 }
 
-// report logs and traces the outcome of writing n settlements (by a claim
-// when carried, a statement that began at start); batch holds them when
-// there is a tracer to tell.
-func (r *Relay) report(ctx context.Context, n int, batch []outboxdriver.Settlement, applied []outboxdriver.Fence, carried bool, start time.Time, err error) {
+// report logs, traces and observes a write of n outcomes, one per message
+// (by a claim when carried, else by a statement that began at start), of
+// which applied held their fences. Every write of outcomes reports here,
+// an ordered run's as one outcome per message of it (see runOutcomes):
+// the tracer gets s, the settlements written, and fences, those whose
+// fence held (both nil when there is no tracer to tell).
+func (r *Relay) report(ctx context.Context, n, applied int, s []outboxdriver.Settlement, fences []outboxdriver.Fence, carried bool, start time.Time, err error) {
 	if err != nil {
 		r.log.Error("outbox: settle failed; writing the outcomes again after a backoff", "err", err, "count", n)
-	} else if len(applied) < n {
-		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", n-len(applied))
+	} else if applied < n {
+		r.log.Warn("outbox: settles fenced off: another claim took these messages after their lease lapsed", "count", n-applied)
 	}
 	if r.cfg.Tracer != nil {
-		r.cfg.Tracer.TraceSettle(ctx, batch, applied, err)
+		r.cfg.Tracer.TraceSettle(ctx, s, fences, err)
 	}
 	if r.cfg.Observer != nil {
-		r.observeSettle(ctx, n, len(applied), carried, start, err)
+		r.observeSettle(ctx, n, applied, carried, start, err)
 	}
+}
+
+// runOutcomes is what report tells of a write of the runs of batch (those
+// at the indexes busy were not written): n, the outcomes written, one per
+// message handled (its run's Done and Failed); applied, those of the runs
+// whose head's fence held (applied holds the head fences). With a tracer,
+// s are their settlements, each with its message's own fence (a run
+// member's attempts after this delivery), and fences those that held.
+func (r *Relay) runOutcomes(batch []queuedRun, busy []int, applied []outboxdriver.Fence) (n, ok int, s []outboxdriver.Settlement, fences []outboxdriver.Fence) {
+	var held []bool
+	if len(busy) > 0 {
+		held = make([]bool, len(batch))
+		for _, i := range busy {
+			held[i] = true
+		}
+	}
+	all := len(applied) == len(batch)-len(busy) // every run written held: no lookup
+	var heads map[outboxdriver.Fence]bool
+	if !all {
+		heads = make(map[outboxdriver.Fence]bool, len(applied))
+		for _, f := range applied {
+			heads[f] = true
+		}
+	}
+	for i := range batch {
+		if held != nil && held[i] {
+			continue
+		}
+		q := &batch[i]
+		k := len(q.Done)
+		if q.Failed.Kind != 0 {
+			k++
+		}
+		in := all || heads[q.Head]
+		n += k
+		if in {
+			ok += k
+		}
+		if r.cfg.Tracer == nil {
+			continue
+		}
+		s = append(s, q.settled...)
+		if in {
+			for j := range q.settled {
+				fences = append(fences, q.settled[j].Fence)
+			}
+		}
+	}
+	return n, ok, s, fences
 }

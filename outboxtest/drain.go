@@ -74,9 +74,17 @@ type Attempt struct {
 // the same Drain if its retry falls due before Drain is done: with the
 // default full jitter a backoff can be near zero, so a test that expects
 // one attempt sets RetryJitter to new(0.0) and a RetryBase longer than the
-// test. Drain returns
-// an error when the relay cannot be built or started (such as
-// [outbox.ErrNoHandlers] or [outbox.ErrTableMissing]) and, with the
+// test.
+//
+// On an Outbox with OrderByKey, Drain works the same, with Handlers and
+// batch handlers alike, and lists each message of a key with its own
+// attempt and outcome. The messages behind a key's head that was retried
+// or dead-lettered under [outbox.HaltKey] are not attempted (or, given to
+// a batch handler in the batch of their failed head, nothing is written
+// for them): they stay blocked in the table and are not listed.
+//
+// Drain returns an error when the relay cannot be built or started (such
+// as [outbox.ErrNoHandlers] or [outbox.ErrTableMissing]) and, with the
 // attempts made so far, when ctx ends first.
 func Drain(ctx context.Context, ob *outbox.Outbox, db outbox.DB, cfg *outbox.RelayConfig, register func(r *outbox.Relay) error) ([]Attempt, error) {
 	var c outbox.RelayConfig
@@ -86,7 +94,8 @@ func Drain(ctx context.Context, ob *outbox.Outbox, db outbox.DB, cfg *outbox.Rel
 	if c.PollInterval == 0 {
 		c.PollInterval = DrainPollInterval
 	}
-	d := &drainer{next: c.Tracer, pending: map[outboxdriver.Fence]int{}, done: make(chan struct{})}
+	d := &drainer{next: c.Tracer, pending: map[outboxdriver.Fence]int{}, members: map[outboxdriver.Fence]Attempt{},
+		runs: map[outboxdriver.Fence][]outboxdriver.Fence{}, done: make(chan struct{})}
 	c.Tracer = d
 	r, err := ob.Relay(db, c)
 	if err != nil {
@@ -121,8 +130,10 @@ func Drain(ctx context.Context, ob *outbox.Outbox, db outbox.DB, cfg *outbox.Rel
 // order, within one process): a test runs the code under test on a real
 // database, commits, and checks what it published. The messages are gone
 // afterwards (deleted, or delivered with RelayConfig.KeepDelivered), as
-// after a relay; messages of other topics stay. It returns
-// outbox.ErrNoHandlers without topics.
+// after a relay; messages of other topics stay. On an Outbox with
+// OrderByKey, so do the messages of topics behind a message of another
+// topic in their key: they wait for it. It returns outbox.ErrNoHandlers
+// without topics.
 func Published(ctx context.Context, ob *outbox.Outbox, db outbox.DB, topics ...string) ([]outbox.Delivery, error) {
 	accept := func(context.Context, outbox.Delivery) error { return nil }
 	attempts, err := Drain(ctx, ob, db, nil, func(r *outbox.Relay) error {
@@ -146,16 +157,39 @@ func Published(ctx context.Context, ob *outbox.Outbox, db outbox.DB, topics ...s
 // claims in a row found nothing while no outcome was waiting to be
 // written. The second claim began after the first ended, so after every
 // outcome was written: a message those outcomes made due again (a retry
-// without delay) would have been claimed.
+// without delay, the next message of an ordered key) would have been
+// claimed.
+//
+// The relay traces one settlement per message handled, on both of its
+// settle paths: a claimed message's, fenced by its claim, and, on an
+// Outbox with OrderByKey, those of the members of a claimed head's run,
+// each fenced by its attempts after this delivery, written with their
+// head's in one settle. A run's members are listed once their outcome is
+// written; those the relay did not reach (the run stopped at a failure or
+// a lost lease) are forgotten with their head's settle: they stay blocked.
 type drainer struct {
 	next outbox.RelayTracer
 
 	mu      sync.Mutex
 	list    []Attempt
-	pending map[outboxdriver.Fence]int // claims whose outcome is not written yet, to list
-	empty   int                        // empty claims in a row with nothing pending
+	pending map[outboxdriver.Fence]int                  // claims whose outcome is not written yet, to list
+	members map[outboxdriver.Fence]Attempt              // claimed run members, by the fence of their delivery
+	runs    map[outboxdriver.Fence][]outboxdriver.Fence // a pending head's run members
+	empty   int                                         // empty claims in a row with nothing pending
 	done    chan struct{}
 	closed  bool
+}
+
+// attempt is the Attempt of c, delivered for the attempts-th time.
+func attempt(c *outboxdriver.Claimed, attempts int) Attempt {
+	a := Attempt{Delivery: outbox.Delivery{
+		ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload,
+		Attempt: attempts - c.AttemptsBase, CreatedAt: c.CreatedAt,
+	}}
+	if len(c.Headers) > 0 {
+		_ = json.Unmarshal(c.Headers, &a.Headers) // the relay dead-letters it if invalid
+	}
+	return a
 }
 
 func (d *drainer) TraceClaim(ctx context.Context, claimed []outboxdriver.Claimed, err error) {
@@ -169,19 +203,21 @@ func (d *drainer) TraceClaim(ctx context.Context, claimed []outboxdriver.Claimed
 	defer d.mu.Unlock()
 	for i := range claimed {
 		c := &claimed[i]
-		a := Attempt{Delivery: outbox.Delivery{
-			ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload,
-			Attempt: c.Attempts - c.AttemptsBase, CreatedAt: c.CreatedAt,
-		}}
-		if len(c.Headers) > 0 {
-			_ = json.Unmarshal(c.Headers, &a.Headers) // the relay dead-letters it if invalid
-		}
+		a := attempt(c, c.Attempts)
+		head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
 		if c.Dead {
 			a.Outcome, a.Error = DeadLettered, "max attempts reached"
 		} else {
-			d.pending[outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}] = len(d.list)
+			d.pending[head] = len(d.list)
 		}
 		d.list = append(d.list, a)
+		for j := range c.Run {
+			// A run member's delivery is its next attempt.
+			m := &c.Run[j]
+			f := outboxdriver.Fence{ID: m.ID, Attempts: m.Attempts + 1}
+			d.members[f] = attempt(m, f.Attempts)
+			d.runs[head] = append(d.runs[head], f)
+		}
 	}
 	switch {
 	case len(claimed) > 0 || len(d.pending) > 0:
@@ -204,12 +240,22 @@ func (d *drainer) TraceSettle(ctx context.Context, s []outboxdriver.Settlement, 
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var heads []outboxdriver.Fence
 	for _, x := range s {
 		i, ok := d.pending[x.Fence]
-		if !ok {
-			continue
+		switch {
+		case ok:
+			delete(d.pending, x.Fence)
+			heads = append(heads, x.Fence)
+		default:
+			a, ok := d.members[x.Fence]
+			if !ok {
+				continue
+			}
+			delete(d.members, x.Fence)
+			i = len(d.list)
+			d.list = append(d.list, a)
 		}
-		delete(d.pending, x.Fence)
 		switch x.Kind {
 		case outboxdriver.SettleDone:
 			d.list[i].Outcome = Delivered
@@ -219,6 +265,14 @@ func (d *drainer) TraceSettle(ctx context.Context, s []outboxdriver.Settlement, 
 			d.list[i].Outcome = DeadLettered
 		}
 		d.list[i].Error = x.Error
+	}
+	// A run is settled with its head: members it did not reach were not
+	// delivered.
+	for _, h := range heads {
+		for _, f := range d.runs[h] {
+			delete(d.members, f)
+		}
+		delete(d.runs, h)
 	}
 	d.empty = 0
 }

@@ -48,6 +48,7 @@ func RunOutboxtest(t *testing.T, h Harness) {
 		}
 		published(t, newEnv(t, h))
 	})
+	runDrainKinds(t, h)
 }
 
 func drain(t *testing.T, e *env) {
