@@ -25,6 +25,9 @@ import (
 // without its key lock; the settle, not seeing it, promoted nothing: J was
 // left with a blocked message and no head, for good.
 func orderedRedriveRacesDeath(t *testing.T, e *env) {
+	if e.ob.Dialect().Name() == "sqlite" {
+		t.Skip("SQLite has one writer at a time: a redrive parked in its transaction holds every other write, so the race needs a second writer that cannot exist there")
+	}
 	for n := 1; ; n++ {
 		resetTables(t, e)
 		g := NewGate(e.DB)
