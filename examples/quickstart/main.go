@@ -3,7 +3,12 @@
 // transaction as the business rows, then delivered by a relay with a retry
 // and a dead letter.
 //
-//	go run ./examples/quickstart
+//	cd examples/quickstart && go run .
+//
+// It is a module with a workspace of its own (go.mod, go.work), so that
+// command loads only the library, dialect/sqlite and modernc.org/sqlite.
+// From the repository's root, `go run ./examples/quickstart` runs it too,
+// through the repository's go.work, which loads every module's graph.
 package main
 
 import (
