@@ -311,7 +311,6 @@ type orderedRow struct {
 	seq      int64
 	state    string
 	attempts int
-	id       string
 }
 
 // keyRow is a row of the keys table.
