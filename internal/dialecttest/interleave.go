@@ -42,6 +42,10 @@ type world struct {
 	od   outboxdriver.OrderedDialect
 	mu   sync.Mutex
 	live map[outboxdriver.Fence]heldRun // claims held, with their runs
+	// r1Ended: R1's claim was settled or reclaimed. A renewal cannot
+	// apply after either in the database, but its bookkeeping may run
+	// after theirs (both resume together): it must not revive the claim.
+	r1Ended bool
 }
 
 // heldRun is a claimed head's key and the ids of the head and its run.
@@ -124,6 +128,7 @@ func settleR1(done int, kind outboxdriver.SettleKind, halt bool) func(ctx contex
 		if len(applied) > 0 {
 			w.mu.Lock()
 			delete(w.live, w.r1)
+			w.r1Ended = true
 			w.mu.Unlock()
 		}
 		return nil
@@ -145,6 +150,7 @@ var ops = []op{
 			w.live[outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}] = heldRun{c.Key, ids}
 			if c.ID == w.r1.ID {
 				delete(w.live, w.r1) // reclaimed after its lease lapsed
+				w.r1Ended = true
 			}
 		}
 		return err
@@ -159,7 +165,9 @@ var ops = []op{
 			// R1 holds K again, even after its lease had lapsed: no
 			// claim had taken k1 since (the fence held).
 			w.mu.Lock()
-			w.live[w.r1] = heldRun{"K", w.k}
+			if !w.r1Ended {
+				w.live[w.r1] = heldRun{"K", w.k}
+			}
 			w.mu.Unlock()
 		}
 		return err
