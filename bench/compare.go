@@ -20,7 +20,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -438,7 +439,7 @@ func claimRun(ctx context.Context, res *results, backlog int) {
 	pool := newPool(ctx, 4, "")
 	defer pool.Close()
 	ob := table(ctx, pool, "cmp_claim")
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	mustExec(ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, topic, payload, available_at)
 		SELECT gen_random_uuid(), 'bench', '{"seq":0,"order_id":"0193a1f2","email":"someone@example.com","total_cents":4200}', now() - make_interval(secs => g)
 		FROM generate_series(1, %d) g`, tbl, backlog))

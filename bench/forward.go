@@ -16,9 +16,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
 	natsfwd "github.com/oncommit/oncommit/forward/nats"
 	"github.com/oncommit/oncommit/forward/rabbitmq"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -195,7 +196,7 @@ type publisher func(ids [][16]byte, payloads [][]byte) error
 // handLoop is the hand-written reference: claim 100 (rawLoop's claim),
 // publish them through pub, delete them.
 func handLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers int, newPub func() publisher) {
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	claim := `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = 'bench'
 		ORDER BY available_at, id LIMIT 100 FOR UPDATE SKIP LOCKED)
 		UPDATE ` + tbl + ` AS o SET state = 'processing', attempts = o.attempts + 1, available_at = now() + interval '30 seconds'

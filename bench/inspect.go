@@ -9,7 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -23,7 +24,7 @@ import (
 func inspectBench(ctx context.Context, pool *pgxpool.Pool) {
 	fmt.Println("\n== inspect: a page of 50 dead messages out of 1,000,000 rows (outbox.List)")
 	ob := table(ctx, pool, "inspect")
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	start := time.Now()
 	mustExec(ctx, pool, `INSERT INTO `+tbl+` (id, topic, state, available_at, settled_at, last_error)
 		SELECT gen_random_uuid(), 't' || (g % 10),
@@ -54,7 +55,7 @@ func inspectBench(ctx context.Context, pool *pgxpool.Pool) {
 		slices.Sort(ms)
 		fmt.Printf("%-34s %2d messages: %6.2f ms median, %6.2f ms max of 50\n", c.name, got, ms[len(ms)/2], ms[len(ms)-1])
 	}
-	q, args := postgres.ListSQL(ob.Table(), outbox.Filter{States: []outbox.State{outbox.StateDead}}, 51, false)
+	q, args := pgsql.ListSQL(ob.Table(), outbox.Filter{States: []outbox.State{outbox.StateDead}}, 51, false)
 	rows, err := pool.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) `+q, args...)
 	check(err)
 	var plan []string

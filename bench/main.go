@@ -56,6 +56,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -200,7 +201,7 @@ func fill(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, n int, top
 		check(err)
 		check(tx.Commit(ctx))
 	}
-	_, err := pool.Exec(ctx, `ANALYZE `+postgres.QuoteTable(ob.Table()))
+	_, err := pool.Exec(ctx, `ANALYZE `+pgsql.QuoteTable(ob.Table()))
 	check(err)
 }
 
@@ -208,7 +209,7 @@ func openDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
 
 func remaining(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox) int {
 	var k int
-	check(pool.QueryRow(ctx, `SELECT count(*) FROM `+postgres.QuoteTable(ob.Table())).Scan(&k))
+	check(pool.QueryRow(ctx, `SELECT count(*) FROM `+pgsql.QuoteTable(ob.Table())).Scan(&k))
 	return k
 }
 
@@ -218,7 +219,7 @@ func remaining(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox) int {
 // With -raw-ids the claim returns ids only, as a loop that never looks at
 // its messages would (the stricter, less realistic reference).
 func rawLoop(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, workers int) {
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	claim := `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = 'bench'
 		ORDER BY available_at, id LIMIT 100 FOR UPDATE SKIP LOCKED)
 		UPDATE ` + tbl + ` AS o SET state = 'processing', attempts = o.attempts + 1, available_at = now() + interval '30 seconds'
@@ -469,7 +470,7 @@ func memory(ctx context.Context, pool *pgxpool.Pool) {
 	fmt.Printf("\n== memory: relay heap while draining %d messages from a backlog of N rows\n", drainN)
 	for _, backlog := range []int{10000, 100000, 1000000} {
 		ob := table(ctx, pool, "memory")
-		tbl := postgres.QuoteTable(ob.Table())
+		tbl := pgsql.QuoteTable(ob.Table())
 		// The backlog: N due rows of the relay's topic; the relay drains
 		// the first drainN of them.
 		_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (id, topic, payload, available_at)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -198,6 +199,6 @@ func fillKeys(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, keys, 
 	if len(batch) > 0 {
 		flush()
 	}
-	_, err := pool.Exec(ctx, `ANALYZE `+postgres.QuoteTable(ob.Table()))
+	_, err := pool.Exec(ctx, `ANALYZE `+pgsql.QuoteTable(ob.Table()))
 	check(err)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -40,7 +41,7 @@ func claimBacklog(ctx context.Context, pool *pgxpool.Pool) {
 		ob := orderedTable(ctx, pool, fmt.Sprintf("claim%d", i), true)
 		t0 := time.Now()
 		seedOrdered(ctx, pool, ob, 0, size/per, per)
-		_, err := pool.Exec(ctx, `VACUUM ANALYZE `+postgres.QuoteTable(ob.Table()))
+		_, err := pool.Exec(ctx, `VACUUM ANALYZE `+pgsql.QuoteTable(ob.Table()))
 		check(err)
 		bs[i] = &backlog{ob: ob, next: size / per, seedSecs: time.Since(t0).Seconds()}
 	}
@@ -109,11 +110,11 @@ func seedOrdered(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, fro
 	if *claimRandomIDs {
 		id = `gen_random_uuid()`
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO `+postgres.QuoteTable(ob.Table())+` (id, topic, message_key, payload, key_seq, state)
+	_, err = tx.Exec(ctx, `INSERT INTO `+pgsql.QuoteTable(ob.Table())+` (id, topic, message_key, payload, key_seq, state)
 SELECT `+id+`, 'bench', 'key-' || k, '{"n":1}', s, CASE WHEN s = 1 THEN 'pending' ELSE 'blocked' END
 FROM generate_series(1, $3::int) s, generate_series($1::int, $1::int + $2::int - 1) k ORDER BY s, k`, from, keys, per)
 	check(err)
-	_, err = tx.Exec(ctx, `INSERT INTO `+postgres.QuoteTable(outboxdriver.KeysTable(ob.Table()))+` (message_key, last_seq, live)
+	_, err = tx.Exec(ctx, `INSERT INTO `+pgsql.QuoteTable(outboxdriver.KeysTable(ob.Table()))+` (message_key, last_seq, live)
 SELECT 'key-' || k, $3::int, $3::int FROM generate_series($1::int, $1::int + $2::int - 1) k`, from, keys, per)
 	check(err)
 	check(tx.Commit(ctx))

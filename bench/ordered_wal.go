@@ -11,7 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -86,7 +87,7 @@ GROUP BY 1 ORDER BY 1`, start, end, xids)
 			}
 			var upd, hot int64
 			check(conn.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass`,
-				postgres.QuoteTable(outboxdriver.KeysTable(ob.Table()))).Scan(&upd, &hot))
+				pgsql.QuoteTable(outboxdriver.KeysTable(ob.Table()))).Scan(&upd, &hot))
 			fmt.Printf("ordered   keys table: %d updates, %d HOT\n", upd, hot)
 		}
 		conn.Release()

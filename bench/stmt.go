@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
@@ -47,7 +48,7 @@ func stmts(ctx context.Context, pool *pgxpool.Pool) {
 		// Our claim without carried settles, then the raw delete by ids.
 		ob = table(ctx, pool, "stmt")
 		fill(ctx, pool, ob, *n, "bench")
-		del := `DELETE FROM ` + postgres.QuoteTable(ob.Table()) + ` WHERE id = ANY($1)`
+		del := `DELETE FROM ` + pgsql.QuoteTable(ob.Table()) + ` WHERE id = ANY($1)`
 		t0 = time.Now()
 		for {
 			claimed, _, err := d.Claim(ctx, db, ob.Table(), outboxdriver.ClaimParams{Topics: []string{"bench"}, Limit: 100, Lease: 30 * time.Second, MaxAttempts: 10})

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
+	"github.com/oncommit/oncommit/internal/pgsql"
 )
 
 // variants times claim statement variants, each followed by the raw delete.
@@ -17,8 +18,8 @@ func variants(ctx context.Context, pool *pgxpool.Pool) {
 		for _, v := range []string{"raw", "ours", "ours-ids-only", "ours-no-case"} {
 			ob := table(ctx, pool, "var")
 			fill(ctx, pool, ob, *n, "bench")
-			tbl := postgres.QuoteTable(ob.Table())
-			q := postgres.ClaimSQL(ob.Table(), 1)
+			tbl := pgsql.QuoteTable(ob.Table())
+			q := pgsql.ClaimSQL(ob.Table(), 1)
 			args := []any{"bench", 100, 30.0, 10}
 			switch v {
 			case "raw":

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -236,7 +237,7 @@ func oncommitSystem(ctx context.Context, name, settings string, cfg outbox.Confi
 	cfg.Table = base.Table().String()
 	ob, err := outbox.New(postgres.Dialect(), cfg)
 	check(err)
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	s := &system{name: name, settings: settings, pool: pool}
 	s.table = cfg.Table
 	s.reset = func(ctx context.Context) { mustExec(ctx, pool, `TRUNCATE `+tbl) }
@@ -294,7 +295,7 @@ func fillTopic(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, n int
 func rawSystem(ctx context.Context) *system {
 	pool := newPool(ctx, 20, "")
 	ob := table(ctx, pool, "cmp_raw")
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	s := &system{name: "raw", settings: "hand-written pgx: INSERT (id, topic, message_key, payload) VALUES ... ; drain: rawLoop (claim 100 SKIP LOCKED returning id, topic, payload; DELETE by ids)", pool: pool}
 	s.reset = func(ctx context.Context) { mustExec(ctx, pool, `TRUNCATE `+tbl) }
 	var queries sync.Map // rows per statement -> statement text

@@ -7,7 +7,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
+	"github.com/oncommit/oncommit/internal/pgsql"
 )
 
 // vacuumBench shows what the churn of a drain leaves for the next claims:
@@ -21,14 +22,14 @@ import (
 func vacuumBench(ctx context.Context, pool *pgxpool.Pool) {
 	fmt.Println("\n== vacuum: claim cost after a drain of 100,000 messages, before and after VACUUM (autovacuum is off on this server)")
 	ob := table(ctx, pool, "vacuum")
-	tbl := postgres.QuoteTable(ob.Table())
+	tbl := pgsql.QuoteTable(ob.Table())
 	measure := func(label string) {
 		var ms, bufs []float64
 		for range 25 {
 			tx, err := pool.Begin(ctx)
 			check(err)
 			var plan []byte
-			check(tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+postgres.ClaimSQL(ob.Table(), 1),
+			check(tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+pgsql.ClaimSQL(ob.Table(), 1),
 				"bench", 100, 30.0, 25).Scan(&plan))
 			check(tx.Rollback(ctx))
 			var out []struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -42,7 +43,7 @@ func BenchmarkPublish(b *testing.B) {
 			if table != ob.Table().String() {
 				table = ob.Table().String()
 				var sb strings.Builder
-				sb.WriteString(`INSERT INTO ` + postgres.QuoteTable(ob.Table()) + ` (id, topic, message_key, payload) VALUES `)
+				sb.WriteString(`INSERT INTO ` + pgsql.QuoteTable(ob.Table()) + ` (id, topic, message_key, payload) VALUES `)
 				for i := range n {
 					if i > 0 {
 						sb.WriteString(", ")
@@ -60,7 +61,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 	}
 	rawReturning := func(ctx context.Context, tx pgx.Tx, ob *outbox.Outbox) error {
-		rows, err := tx.Query(ctx, `INSERT INTO `+postgres.QuoteTable(ob.Table())+` (id, topic, message_key, payload) VALUES ($1, $2, $3, $4) RETURNING id::text`,
+		rows, err := tx.Query(ctx, `INSERT INTO `+pgsql.QuoteTable(ob.Table())+` (id, topic, message_key, payload) VALUES ($1, $2, $3, $4) RETURNING id::text`,
 			outbox.NewID().String(), msg.Topic, msg.Key, string(msg.Payload))
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -308,7 +309,7 @@ func listenTo(t *testing.T, e *env) (*pgx.Conn, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { listener.Close(ctx) })
-	channel := postgres.Channel(e.ob.Table())
+	channel := pgsql.Channel(e.ob.Table())
 	if _, err := listener.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
 		t.Fatal(err)
 	}

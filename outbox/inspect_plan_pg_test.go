@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -34,9 +35,9 @@ func TestInspectPlansUseIndexes(t *testing.T) {
 	dead := []outbox.State{outbox.StateDead}
 	id := outbox.NewID()
 	plan := func(q string, args []any) string { return explainPlan(t, q, args...) }
-	list := func(f outbox.Filter) string { return plan(postgres.ListSQL(tbl, f, 51, false)) }
-	act := func(a outbox.Action, f outbox.Filter) string { return plan(postgres.ActSQL(tbl, a, f)) }
-	count := func(f outbox.Filter) string { return plan(postgres.CountSQL(tbl, f)) }
+	list := func(f outbox.Filter) string { return plan(pgsql.ListSQL(tbl, f, 51, false)) }
+	act := func(a outbox.Action, f outbox.Filter) string { return plan(pgsql.ActSQL(tbl, a, f)) }
+	count := func(f outbox.Filter) string { return plan(pgsql.CountSQL(tbl, f)) }
 	for _, c := range []struct {
 		name, plan, index string
 	}{
@@ -45,7 +46,7 @@ func TestInspectPlansUseIndexes(t *testing.T) {
 		{"list dead of a topic with an error", list(outbox.Filter{States: dead, Topic: "t0", ErrorContains: "boom"}), "outbox_dead_idx"},
 		{"list dead settled in the last hour", list(outbox.Filter{States: dead, SettledFrom: time.Now().Add(-time.Hour)}), ""},
 		{"count dead", count(outbox.Filter{States: dead}), "outbox_dead_idx"},
-		{"get", plan(postgres.ListSQL(tbl, outbox.Filter{IDs: []outbox.ID{id}}, 1, true)), "outbox_pkey"},
+		{"get", plan(pgsql.ListSQL(tbl, outbox.Filter{IDs: []outbox.ID{id}}, 1, true)), "outbox_pkey"},
 		{"list all", list(outbox.Filter{}), "outbox_pkey"},
 		{"list a topic's pending", list(outbox.Filter{States: []outbox.State{outbox.StatePending}, Topic: "t1"}), ""},
 		{"redrive dead of a topic", act(outbox.ActRedrive, outbox.Filter{Topic: "t1"}), "outbox_dead_idx"},
@@ -53,7 +54,7 @@ func TestInspectPlansUseIndexes(t *testing.T) {
 		{"delete ids", act(outbox.ActDelete, outbox.Filter{IDs: []outbox.ID{id, outbox.NewID()}}), "outbox_pkey"},
 		{"delete dead", act(outbox.ActDelete, outbox.Filter{States: dead}), "outbox_dead_idx"},
 		{"retry a topic", act(outbox.ActRetry, outbox.Filter{Topic: "t1"}), "outbox_topic_claim_idx"},
-		{"redrive of ordered dead messages, their pick", plan(postgres.DeadOrderedSQL(tbl, outbox.Filter{Topic: "t1"})), ""},
+		{"redrive of ordered dead messages, their pick", plan(pgsql.DeadOrderedSQL(tbl, outbox.Filter{Topic: "t1"})), ""},
 		{"count of a purge (its confirmation)", count(outbox.Filter{States: []outbox.State{outbox.StateDead, outbox.StateDelivered}, SettledTo: time.Now().Add(-7 * 24 * time.Hour)}), "outbox_settled_idx"},
 	} {
 		if strings.Contains(c.plan, "Seq Scan on outbox") {

@@ -11,6 +11,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/migrations"
 	"github.com/oncommit/oncommit/outbox"
@@ -53,12 +54,12 @@ func TestOrderedPlansUseIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, plan := range map[string]string{
-		"claim one":       explainPlan(t, postgres.OrderedClaimSQL(tbl, 1, false), "t0", 100, 30.0, 10, "{"+id+"}", "{1}", "{t0}", 100),
-		"claim":           explainPlan(t, postgres.OrderedClaimSQL(tbl, 2, false), "{t0,t1}", 100, 30.0, 10, "{}", "{}", "{t0,t1}", 100),
-		"settle run":      explainPlan(t, postgres.SettleRunsSQL(tbl, false), "{"+id+"}", "{1}", "{k0}", "{NULL}", "{0}", "{0}", "{NULL}", "{NULL}", "{f}", "{"+id+"}", "{1}", "{1}"),
-		"skip head":       explainPlan(t, postgres.SkipHeadSQL(tbl), "k0", ""),
-		"skip head by id": explainPlan(t, postgres.SkipHeadSQL(tbl), "k0", id),
-		"redrive by ids":  explainPlan(t, postgres.RedriveOrderedIDsSQL(tbl), "{"+id+"}"),
+		"claim one":       explainPlan(t, pgsql.OrderedClaimSQL(tbl, 1, false), "t0", 100, 30.0, 10, "{"+id+"}", "{1}", "{t0}", 100),
+		"claim":           explainPlan(t, pgsql.OrderedClaimSQL(tbl, 2, false), "{t0,t1}", 100, 30.0, 10, "{}", "{}", "{t0,t1}", 100),
+		"settle run":      explainPlan(t, pgsql.SettleRunsSQL(tbl, false), "{"+id+"}", "{1}", "{k0}", "{NULL}", "{0}", "{0}", "{NULL}", "{NULL}", "{f}", "{"+id+"}", "{1}", "{1}"),
+		"skip head":       explainPlan(t, pgsql.SkipHeadSQL(tbl), "k0", ""),
+		"skip head by id": explainPlan(t, pgsql.SkipHeadSQL(tbl), "k0", id),
+		"redrive by ids":  explainPlan(t, pgsql.RedriveOrderedIDsSQL(tbl), "{"+id+"}"),
 		"publish":         explainPlan(t, ins.Query, ins.Args...),
 	} {
 		if outboxSeqScan.MatchString(plan) {
@@ -98,7 +99,7 @@ func TestOrderedClaimReadsOnlyItsRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := nodesOf(t, planOf(t, tx, `EXPLAIN (ANALYZE, FORMAT JSON) `+postgres.OrderedClaimSQL(e.ob.Table(), 1, false),
+	run := nodesOf(t, planOf(t, tx, `EXPLAIN (ANALYZE, FORMAT JSON) `+pgsql.OrderedClaimSQL(e.ob.Table(), 1, false),
 		"t0", 100, 30.0, math.MaxInt32, "{}", "{}", "{t0}", 100))
 	tx.Rollback()
 	// EXPLAIN gives rows per loop, rounded: up to one more a loop.

@@ -20,6 +20,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -163,7 +164,7 @@ func TestFourRelays(t *testing.T) {
 		t.Errorf("%d deliveries, want %d", rec.count(), n)
 	}
 	// No claim failed: in particular no deadlock between one relay's
-	// settle and another's claim (see postgres.ClaimSettleSQL).
+	// settle and another's claim (see pgsql.ClaimSettleSQL).
 	tr.CheckClaimedOnce(t, n, nil)
 }
 
@@ -237,25 +238,25 @@ func TestPlansUseIndexes(t *testing.T) {
 	}
 	explain := func(q string, args ...any) string { return explainPlan(t, q, args...) }
 	id := outbox.NewID().String()
-	deleteDone, _, retry, markDead, _ := postgres.SettleSQL(e.ob.Table())
+	deleteDone, _, retry, markDead, _ := pgsql.SettleSQL(e.ob.Table())
 	for name, plan := range map[string]string{
-		"claim":             explain(postgres.ClaimSQL(e.ob.Table(), 2), `{"t1","t2"}`, 100, 30.0, 10),
-		"claim+settle":      explain(postgres.ClaimSettleSQL(e.ob.Table(), 2, false), `{"t1","t2"}`, 100, 30.0, 10, "{"+id+"}", "{1}"),
-		"claim one":         explain(postgres.ClaimSQL(e.ob.Table(), 1), "t1", 100, 30.0, 10),
-		"claim+settle one":  explain(postgres.ClaimSettleSQL(e.ob.Table(), 1, false), "t1", 100, 30.0, 10, "{"+id+"}", "{1}"),
+		"claim":             explain(pgsql.ClaimSQL(e.ob.Table(), 2), `{"t1","t2"}`, 100, 30.0, 10),
+		"claim+settle":      explain(pgsql.ClaimSettleSQL(e.ob.Table(), 2, false), `{"t1","t2"}`, 100, 30.0, 10, "{"+id+"}", "{1}"),
+		"claim one":         explain(pgsql.ClaimSQL(e.ob.Table(), 1), "t1", 100, 30.0, 10),
+		"claim+settle one":  explain(pgsql.ClaimSettleSQL(e.ob.Table(), 1, false), "t1", 100, 30.0, 10, "{"+id+"}", "{1}"),
 		"settle":            explain(deleteDone, "{"+id+"}", "{1}"),
 		"retry":             explain(retry, "{"+id+"}", "{1}", "{1.5}", "{NULL}", `{"boom"}`),
 		"dead":              explain(markDead, "{"+id+"}", "{1}", `{"boom"}`),
-		"renew":             explain(postgres.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
-		"purge":             explain(postgres.PurgeSQL(e.ob.Table()), "{dead}", 36000.0, 1000, "key"),
-		"generic purge":     genericPurgePlan(t, postgres.PurgeSQL(e.ob.Table())),
-		"generic claim":     genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 2, false), `'{t1,t2}', 100, 30, 10, '{`+id+`}', '{1}'`),
-		"generic claim one": genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), 1, false), `'t1', 100, 30, 10, '{`+id+`}', '{1}'`),
+		"renew":             explain(pgsql.RenewSQL(e.ob.Table()), "{"+id+"}", "{1}", 30.0),
+		"purge":             explain(pgsql.PurgeSQL(e.ob.Table()), "{dead}", 36000.0, 1000, "key"),
+		"generic purge":     genericPurgePlan(t, pgsql.PurgeSQL(e.ob.Table())),
+		"generic claim":     genericPlan(t, pgsql.ClaimSettleSQL(e.ob.Table(), 2, false), `'{t1,t2}', 100, 30, 10, '{`+id+`}', '{1}'`),
+		"generic claim one": genericPlan(t, pgsql.ClaimSettleSQL(e.ob.Table(), 1, false), `'t1', 100, 30, 10, '{`+id+`}', '{1}'`),
 		// Every topic (a catch-all handler): the live topics by a skip
 		// scan of the claim index, then claimed as several topics are.
-		"claim all":         explain(postgres.ClaimSQL(e.ob.Table(), postgres.AllTopics), "", 100, 30.0, 10),
-		"claim+settle all":  explain(postgres.ClaimSettleSQL(e.ob.Table(), postgres.AllTopics, false), "", 100, 30.0, 10, "{"+id+"}", "{1}"),
-		"generic claim all": genericPlan(t, postgres.ClaimSettleSQL(e.ob.Table(), postgres.AllTopics, false), `'', 100, 30, 10, '{`+id+`}', '{1}'`),
+		"claim all":         explain(pgsql.ClaimSQL(e.ob.Table(), pgsql.AllTopics), "", 100, 30.0, 10),
+		"claim+settle all":  explain(pgsql.ClaimSettleSQL(e.ob.Table(), pgsql.AllTopics, false), "", 100, 30.0, 10, "{"+id+"}", "{1}"),
+		"generic claim all": genericPlan(t, pgsql.ClaimSettleSQL(e.ob.Table(), pgsql.AllTopics, false), `'', 100, 30, 10, '{`+id+`}', '{1}'`),
 	} {
 		if strings.Contains(plan, "Seq Scan on outbox") {
 			t.Errorf("%s plan scans the table:\n%s", name, plan)
@@ -302,7 +303,7 @@ func TestPlansUseIndexes(t *testing.T) {
 	}
 }
 
-// genericPurgePlan returns the plan of postgres.PurgeSQL q under a generic
+// genericPurgePlan returns the plan of pgsql.PurgeSQL q under a generic
 // plan, as genericPlan does for a claim.
 func genericPurgePlan(t *testing.T, q string) string {
 	t.Helper()
@@ -418,7 +419,7 @@ func TestClaimOfOneTopicSkipsOtherTopics(t *testing.T) {
 		t.Errorf("TopicIndexSQL on a migrated table: indexes %v, then %v", before, after)
 	}
 	topicIdx := e.ob.Table().Name + "_topic_claim_idx"
-	one, three := postgres.ClaimSettleSQL(e.ob.Table(), 1, false), postgres.ClaimSettleSQL(e.ob.Table(), 3, false)
+	one, three := pgsql.ClaimSettleSQL(e.ob.Table(), 1, false), pgsql.ClaimSettleSQL(e.ob.Table(), 3, false)
 	for _, c := range []struct {
 		name  string
 		nodes []planNode
@@ -461,7 +462,7 @@ func TestClaimOfOneTopicSkipsOtherTopics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		run := nodesOf(t, planOf(t, tx, `EXPLAIN (ANALYZE, FORMAT JSON) `+postgres.ClaimSQL(e.ob.Table(), c.topics), c.arg, 100, 30.0, 10))
+		run := nodesOf(t, planOf(t, tx, `EXPLAIN (ANALYZE, FORMAT JSON) `+pgsql.ClaimSQL(e.ob.Table(), c.topics), c.arg, 100, 30.0, 10))
 		tx.Rollback()
 		// EXPLAIN gives rows per loop, rounded: up to one more a loop.
 		read, slack := 0.0, 0.0

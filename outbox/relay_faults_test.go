@@ -10,8 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
-	"github.com/oncommit/oncommit/dialect/postgres"
+	_ "github.com/oncommit/oncommit/dialect/postgres" // fills in pgsql
 	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -331,7 +332,7 @@ type renewDB struct {
 }
 
 func newRenewDB(t *testing.T, e *env, renew func() error) *renewDB {
-	return &renewDB{DB: pgxtx.FromPool(pool(t)), renewSQL: postgres.RenewSQL(e.ob.Table()), renew: renew}
+	return &renewDB{DB: pgxtx.FromPool(pool(t)), renewSQL: pgsql.RenewSQL(e.ob.Table()), renew: renew}
 }
 
 func (d *renewDB) QueryDB(ctx context.Context, q string, args ...any) (outboxdriver.Rows, error) {

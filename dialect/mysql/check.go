@@ -19,7 +19,7 @@ const errBadField = 1054
 // becomes [outboxdriver.ErrTableMissing], 1054 (unknown column)
 // [outboxdriver.ErrSchemaMismatch].
 func (d *dialect) Check(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) error {
-	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(QuoteTable(t)))
+	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(quoteTable(t)))
 	if err == nil {
 		err = sqlbuild.Drain(rows)
 	}

@@ -39,7 +39,7 @@ var inspectSQL = &sqlbuild.Inspect{
 // index: a listing of dead messages reads the primary key in order up to
 // the page's last dead row (docs/operations.md).
 func (d *dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) ([]outboxdriver.MessageInfo, error) {
-	q, _ := inspectSQL.List(QuoteTable(t), f, limit, withPayload)
+	q, _ := inspectSQL.List(quoteTable(t), f, limit, withPayload)
 	rows, err := db.QueryDB(ctx, q)
 	if err != nil {
 		return nil, err
@@ -48,14 +48,14 @@ func (d *dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.T
 }
 
 func (d *dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
-	q, _ := inspectSQL.Count(QuoteTable(t), f)
+	q, _ := inspectSQL.Count(quoteTable(t), f)
 	return sqlbuild.CountRows(ctx, db, q)
 }
 
-// ActSQL returns action a on the rows of table t matching f, as Redrive
+// actSQL returns action a on the rows of table t matching f, as Redrive
 // and Purge run: find lists up to opBatch ids still in a's source state (a
 // plain read, no locks), write changes those of ids that still match and
-// are still in that state, by primary key (see [KeysSQL]), in a short
+// are still in that state, by primary key (see [keys]), in a short
 // transaction of its own.
 //
 // Ordered messages (key_seq set) that still hold their place in their key
@@ -65,7 +65,7 @@ func (d *dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 // (its key would wait forever for it), only delivered ones and dead ones
 // that no longer halt their key (settled: dead under ContinueKey, or
 // skipped).
-func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (find string, write func(ids []outboxdriver.ID) string) {
+func actSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (find string, write func(ids []outboxdriver.ID) string) {
 	where := inspectSQL.Where(nil, f, "", false)
 	guard := func(prefix string) string {
 		switch a {
@@ -76,7 +76,7 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 		}
 		return ""
 	}
-	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + where + " AND " + inspectSQL.ActWhere(a, "") + guard("") +
+	find = "SELECT id FROM " + quoteTable(t) + " WHERE " + where + " AND " + inspectSQL.ActWhere(a, "") + guard("") +
 		" ORDER BY id LIMIT " + strconv.Itoa(opBatch)
 	cond := inspectSQL.Where(nil, f, "o.", false) + " AND " + inspectSQL.ActWhere(a, "o.") + guard("o.")
 	return find, func(ids []outboxdriver.ID) string {
@@ -95,11 +95,11 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 }
 
 func (d *dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
-	find, write := ActSQL(t, a, f)
+	find, write := actSQL(t, a, f)
 	n, err := d.batched(ctx, db, a.String(), find, write)
 	if err != nil || a != outboxdriver.ActRedrive {
 		return n, err
 	}
-	m, err := d.redriveOrderedBatches(ctx, db, t, DeadOrderedSQL(t, inspectSQL.Where(nil, f, "", false)))
+	m, err := d.redriveOrderedBatches(ctx, db, t, deadOrderedSQL(t, inspectSQL.Where(nil, f, "", false)))
 	return n + m, err
 }

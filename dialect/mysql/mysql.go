@@ -25,7 +25,7 @@
 // those ids by primary key, UPDATE, COMMIT, before any handler runs. Every
 // statement that reads or changes given rows (the claim's lock and update,
 // settles, renewals, the writes of redrive and purge) reaches them through
-// a derived table of ids joined by primary key ([KeysSQL]), never a
+// a derived table of ids joined by primary key ([keys]), never a
 // WHERE id IN (...) that the optimizer may turn into a scan, so a relay
 // locks only the rows it takes, settles or renews. Settles and renewals
 // lock their rows with SELECT ... FOR UPDATE where they must, so the fence
@@ -73,8 +73,8 @@ import (
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// MaxParams is the most bind parameters one MySQL statement may carry.
-const MaxParams = 65535
+// maxParams is the most bind parameters one MySQL statement may carry.
+const maxParams = 65535
 
 // paramsPerRow is the most parameters one inserted row uses: id, topic,
 // key, payload, headers, dedup key, and a delay or not-before time.
@@ -153,11 +153,11 @@ func (*dialect) Name() string { return "mysql" }
 func (*dialect) Capabilities() outboxdriver.Capabilities {
 	// MinLease: the relay's floor. A renewal is one short transaction that
 	// locks only the rows it renews, by primary key.
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true, Ordered: true, MinLease: time.Second}
+	return outboxdriver.Capabilities{MaxParams: maxParams, ParamsPerRow: paramsPerRow, PollInterval: DefaultPollInterval, MaxJSONDepth: MaxJSONDepth, AllTopics: true, Ordered: true, MinLease: time.Second}
 }
 
-// QuoteTable returns t as a quoted, possibly database-qualified, identifier.
-func QuoteTable(t outboxdriver.Table) string {
+// quoteTable returns t as a quoted, possibly database-qualified, identifier.
+func quoteTable(t outboxdriver.Table) string {
 	if t.Schema == "" {
 		return "`" + t.Name + "`"
 	}
@@ -178,7 +178,7 @@ func QuoteTable(t outboxdriver.Table) string {
 // and GREATEST(UTC_TIMESTAMP(6), CAST(? AS DATETIME(6))) for a NotBefore,
 // each parameter in its row's place.
 func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, _ outboxdriver.Wake) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, outboxdriver.Wake{}, func(b []byte) any { return string(b) })
+	return d.insert.Build(quoteTable(t), t, rows, outboxdriver.Wake{}, func(b []byte) any { return string(b) })
 }
 
 // StoredSQL returns the statement Publish runs after an INSERT with a
@@ -188,7 +188,7 @@ func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, _ outbox
 //	SELECT id FROM `outbox` WHERE id IN (?, ?)
 func (*dialect) StoredSQL(t outboxdriver.Table, ids []outboxdriver.ID) (string, []any) {
 	var b strings.Builder
-	b.WriteString("SELECT id FROM " + QuoteTable(t) + " WHERE id IN (")
+	b.WriteString("SELECT id FROM " + quoteTable(t) + " WHERE id IN (")
 	args := make([]any, len(ids))
 	for i, id := range ids {
 		if i > 0 {

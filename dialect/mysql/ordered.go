@@ -37,7 +37,7 @@ import (
 // then reads what it needs with plain reads, whose snapshot InnoDB takes
 // at the first of them, after the locks: they see every message the
 // publishes stored. Those reads take no locks, and the writes reach rows
-// by primary key (see [KeysSQL]), each fenced in its own WHERE on the
+// by primary key (see [keys]), each fenced in its own WHERE on the
 // rows it changes, so a settle never holds a gap of the key index that a
 // publisher's INSERT waits for. A write changes only messages of the keys
 // it locked.
@@ -48,7 +48,7 @@ var (
 )
 
 // keysTable is the quoted table of key sequences beside t.
-func keysTable(t outboxdriver.Table) string { return QuoteTable(outboxdriver.KeysTable(t)) }
+func keysTable(t outboxdriver.Table) string { return quoteTable(outboxdriver.KeysTable(t)) }
 
 // keyIndex is the FORCE INDEX clause of migration 0005's key index on t.
 func keyIndex(t outboxdriver.Table) string { return " FORCE INDEX (`" + t.Name + "_key_seq_idx`)" }
@@ -98,7 +98,7 @@ func (*dialect) SequenceSQL(outboxdriver.Table, []outboxdriver.ID) (string, []an
 //	SET o.key_seq = ks.last_seq, o.state = IF(ks.live = 1, 'pending', 'blocked')
 //	WHERE o.id = '<id>' AND o.state = 'blocked' AND o.key_seq IS NULL
 func (*dialect) SequenceStatements(t outboxdriver.Table, ids []outboxdriver.ID) []outboxdriver.Statement {
-	tbl := QuoteTable(t)
+	tbl := quoteTable(t)
 	if len(ids) == 1 {
 		one := "s.id = '" + ids[0].String() + "' AND s.state = 'blocked' AND s.key_seq IS NULL"
 		return []outboxdriver.Statement{
@@ -146,7 +146,7 @@ type runHead struct {
 // limit, so that each run stays a prefix of its key. Rows: head id, then
 // the claimed columns and key_seq. It is a plain read.
 func runSQL(t outboxdriver.Table, heads []runHead, topics []string, limit int) string {
-	tbl, lim := QuoteTable(t), strconv.Itoa(limit)
+	tbl, lim := quoteTable(t), strconv.Itoa(limit)
 	var ok strings.Builder
 	ok.WriteString("b.available_at <= " + now)
 	if topics != nil {
@@ -278,14 +278,14 @@ func keyRows(b *strings.Builder, t outboxdriver.Table, ks []string) {
 	b.WriteString(") AS v STRAIGHT_JOIN " + keysTable(t) + " AS ks FORCE INDEX (PRIMARY) ON ks.message_key = v.k")
 }
 
-// LockKeysSQL returns the first statement of every write that can move a
+// lockKeysSQL returns the first statement of every write that can move a
 // key's head: it locks the key rows of keys in key order, by primary key
 // (keyRows: no other key row, no gap), and reads their last_seq and
 // halted_seq. Without skipLocked it waits for open publishes of those keys
 // to commit (redrive, skip); with skipLocked (the settle of runs) it skips
 // the key rows another transaction holds and returns only those it
 // locked.
-func LockKeysSQL(t outboxdriver.Table, keys []string, skipLocked bool) string {
+func lockKeysSQL(t outboxdriver.Table, keys []string, skipLocked bool) string {
 	var b strings.Builder
 	b.WriteString("SELECT ks.message_key, ks.last_seq, ks.halted_seq FROM ")
 	keyRows(&b, t, keys)
@@ -302,9 +302,9 @@ type keyRow struct {
 	halted int64 // halted_seq; 0 for none (key_seq values start at 1)
 }
 
-// lockKeys runs LockKeysSQL and returns the rows it locked, by normKey.
+// lockKeys runs lockKeysSQL and returns the rows it locked, by normKey.
 func lockKeys(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, keys []string, skipLocked bool) (map[string]keyRow, error) {
-	rows, err := tx.QueryDB(ctx, LockKeysSQL(t, keys, skipLocked))
+	rows, err := tx.QueryDB(ctx, lockKeysSQL(t, keys, skipLocked))
 	if err != nil {
 		return nil, err
 	}
@@ -465,7 +465,7 @@ func keysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
 		if c.unhalt {
 			b.WriteString(" THEN NULL")
 		} else {
-			b.WriteString(" THEN (SELECT s.key_seq FROM " + QuoteTable(t) + " AS s WHERE s.id = '" + c.haltedBy.String() + "')")
+			b.WriteString(" THEN (SELECT s.key_seq FROM " + quoteTable(t) + " AS s WHERE s.id = '" + c.haltedBy.String() + "')")
 		}
 	}
 	if !first {
@@ -474,17 +474,17 @@ func keysUpdateSQL(t outboxdriver.Table, cs []keyChange) string {
 	return b.String()
 }
 
-// NextSQL returns the read of the first blocked message of each of keys,
+// nextSQL returns the read of the first blocked message of each of keys,
 // in key_seq order, through the key index (a plain read): the messages
 // that become heads when their keys have none.
-func NextSQL(t outboxdriver.Table, keys []string) string {
+func nextSQL(t outboxdriver.Table, keys []string) string {
 	return perKey(t, "b", "b.id, b.message_key", " AND b.key_seq > 0 AND b.state = 'blocked' ORDER BY b.key_seq LIMIT 1)", keys)
 }
 
-// HeadsSQL returns the read of the keys among keys that have a head (a
+// headsSQL returns the read of the keys among keys that have a head (a
 // pending or processing ordered message), a plain read through the key
 // index: it walks a key's ordered messages up to its head.
-func HeadsSQL(t outboxdriver.Table, keys []string) string {
+func headsSQL(t outboxdriver.Table, keys []string) string {
 	return perKey(t, "h", "h.message_key", " AND h.key_seq > 0 AND h.state IN ('pending', 'processing') LIMIT 1)", keys)
 }
 
@@ -497,7 +497,7 @@ func perKey(t outboxdriver.Table, alias, cols, tail string, keys []string) strin
 		if i > 0 {
 			b.WriteString("\nUNION ALL ")
 		}
-		b.WriteString("(SELECT " + cols + " FROM " + QuoteTable(t) + " AS " + alias + keyIndex(t) + " WHERE " + alias + ".message_key = ")
+		b.WriteString("(SELECT " + cols + " FROM " + quoteTable(t) + " AS " + alias + keyIndex(t) + " WHERE " + alias + ".message_key = ")
 		text(&b, k)
 		b.WriteString(tail)
 	}
@@ -513,7 +513,7 @@ func promote(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, ks [
 	ks = slices.Compact(ks)
 	if check {
 		has := map[string]bool{}
-		if err := scanStrings(ctx, tx, HeadsSQL(t, ks), func(k ...string) { has[normKey(k[0])] = true }, 1); err != nil {
+		if err := scanStrings(ctx, tx, headsSQL(t, ks), func(k ...string) { has[normKey(k[0])] = true }, 1); err != nil {
 			return err
 		}
 		ks = slices.DeleteFunc(ks, func(k string) bool { return has[normKey(k)] || halted[normKey(k)] })
@@ -522,7 +522,7 @@ func promote(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, ks [
 		return nil
 	}
 	var ids []outboxdriver.ID
-	if err := scanStrings(ctx, tx, NextSQL(t, ks), func(s ...string) {
+	if err := scanStrings(ctx, tx, nextSQL(t, ks), func(s ...string) {
 		if id, err := outboxdriver.ParseID(s[0]); err == nil {
 			ids = append(ids, id)
 		}
@@ -557,11 +557,11 @@ func scanStrings(ctx context.Context, db outboxdriver.DB, q string, f func(s ...
 	return closeRows(rows)
 }
 
-// RunDoneSQL returns the write of the successes ids of held runs whose
+// runDoneSQL returns the write of the successes ids of held runs whose
 // heads are heads, by primary key, fenced (runFence): deleted, or marked
 // delivered with keep, without their key_seq (so that a key's delivered
 // history is out of the key index's ranges).
-func RunDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, heads []outboxdriver.Fence, keep bool) string {
+func runDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, heads []outboxdriver.Fence, keep bool) string {
 	var b strings.Builder
 	if keep {
 		b.WriteString("UPDATE ")
@@ -577,13 +577,13 @@ func RunDoneSQL(t outboxdriver.Table, ids []outboxdriver.ID, heads []outboxdrive
 
 // SettleRuns writes the outcomes in one transaction: it locks the runs'
 // key rows in key order, skipping those another transaction holds
-// (LockKeysSQL with SKIP LOCKED: an open publish of the key, a redrive, a
+// (lockKeysSQL with SKIP LOCKED: an open publish of the key, a redrive, a
 // skip, another settle), whose runs it returns in busy, untouched. Then
-// it locks the heads of the others (LockSQL), and for the runs whose head
-// still holds writes their successes (RunDoneSQL) and failures
+// it locks the heads of the others (lockSQL), and for the runs whose head
+// still holds writes their successes (runDoneSQL) and failures
 // (runFailedSQL), each write fenced on the rows it changes, counts them in
 // their keys (keysUpdateSQL) and gives the keys left without a head their
-// next message (NextSQL, then an update by primary key). It never waits
+// next message (nextSQL, then an update by primary key). It never waits
 // for a key row: one open publishing transaction delays only its own key.
 func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, []int, error) {
 	if len(runs) == 0 {
@@ -647,7 +647,7 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 			}
 		}
 		if len(done) > 0 {
-			if err := exec(ctx, tx, RunDoneSQL(t, done, applied, p.KeepDelivered)); err != nil {
+			if err := exec(ctx, tx, runDoneSQL(t, done, applied, p.KeepDelivered)); err != nil {
 				return err
 			}
 		}
@@ -686,7 +686,7 @@ type deadOrdered struct {
 }
 
 // redriveOrderedIDs redrives, in one transaction, the dead ordered
-// messages of picked that are still dead: it locks their keys (LockKeysSQL,
+// messages of picked that are still dead: it locks their keys (lockKeysSQL,
 // waiting for open publishes of those keys), then the messages, and
 // changes only those whose key row it holds. Each re-enters its key at
 // the place outboxdriver.OrderedDialect's RedriveOrdered gives (I5): the
@@ -829,12 +829,12 @@ func (d *dialect) redriveOrderedBatches(ctx context.Context, db outboxdriver.DB,
 	}
 }
 
-// DeadOrderedSQL returns the find of a redrive of dead ordered messages
+// deadOrderedSQL returns the find of a redrive of dead ordered messages
 // matching cond (a condition on unprefixed columns): their ids and keys,
 // at most opBatch, in id order (a read of the primary key: MySQL has no
 // partial index of dead rows).
-func DeadOrderedSQL(t outboxdriver.Table, cond string) string {
-	return "SELECT id, message_key FROM " + QuoteTable(t) + " WHERE state = 'dead' AND key_seq IS NOT NULL AND " + cond +
+func deadOrderedSQL(t outboxdriver.Table, cond string) string {
+	return "SELECT id, message_key FROM " + quoteTable(t) + " WHERE state = 'dead' AND key_seq IS NOT NULL AND " + cond +
 		" ORDER BY id LIMIT " + strconv.Itoa(opBatch)
 }
 
@@ -853,7 +853,7 @@ func (d *dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outb
 		cond.WriteString(" AND " + topicIs + "= ")
 		binary(&cond, topic)
 	}
-	m, err := d.redriveOrderedBatches(ctx, db, t, DeadOrderedSQL(t, cond.String()))
+	m, err := d.redriveOrderedBatches(ctx, db, t, deadOrderedSQL(t, cond.String()))
 	return n + m, err
 }
 
@@ -876,7 +876,7 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 			return nil
 		}
 		var b strings.Builder
-		b.WriteString("SELECT o.id FROM " + QuoteTable(t) + " AS o" + keyIndex(t) + " WHERE o.message_key = ")
+		b.WriteString("SELECT o.id FROM " + quoteTable(t) + " AS o" + keyIndex(t) + " WHERE o.message_key = ")
 		text(&b, key)
 		b.WriteString(" AND o.key_seq = " + strconv.FormatInt(seq, 10) + " AND o.state = 'dead'")
 		if !head.IsZero() {
@@ -907,12 +907,12 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 	return id, ok, nil
 }
 
-// OrderedStatsSQL returns, per topic (its bytes): blocked messages, held
+// orderedStatsSQL returns, per topic (its bytes): blocked messages, held
 // keys (a head of the topic with messages behind it), blocked keys (a head
 // of the topic dead under Halt or pending a retry) and the age in
 // microseconds of the oldest of those heads.
-func OrderedStatsSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func orderedStatsSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	const failed = `(o.state = 'dead' OR o.last_error IS NOT NULL)`
 	return `SELECT topic, SUM(blocked), SUM(held), SUM(bk), MAX(age) FROM (
     SELECT ` + topicIs + `AS topic, COUNT(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY ` + topicIs + `
@@ -931,13 +931,13 @@ func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	if err != nil {
 		return nil, err
 	}
-	return sqlbuild.OrderedStats(ctx, db, OrderedStatsSQL(t), ts, time.Microsecond)
+	return sqlbuild.OrderedStats(ctx, db, orderedStatsSQL(t), ts, time.Microsecond)
 }
 
 // CheckOrdered reads no row of key_seq and of the keys table: an unknown
 // column (1054) or table (1146) is [outboxdriver.ErrSchemaMismatch].
 func (d *dialect) CheckOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) error {
-	err := exec(ctx, db, "SELECT key_seq FROM "+QuoteTable(t)+" WHERE FALSE")
+	err := exec(ctx, db, "SELECT key_seq FROM "+quoteTable(t)+" WHERE FALSE")
 	if err == nil {
 		err = exec(ctx, db, "SELECT message_key, last_seq, live, halted_seq FROM "+keysTable(t)+" WHERE FALSE")
 	}

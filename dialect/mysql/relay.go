@@ -51,7 +51,7 @@ func (d *dialect) inTx(ctx context.Context, db outboxdriver.DB, op string, f fun
 // due rows without locking them and locks those no other claim holds.
 const claimRounds = 4
 
-// CandidatesSQL returns the claim's first read: the ids of at most limit
+// candidatesText returns the claim's first read: the ids of at most limit
 // due rows of topics after the cursor (after.ID zero: from the start), in
 // (claim_at, id) order, with claim_at in microseconds since 1970. It is a
 // plain read (a consistent read, which takes no locks), so it neither
@@ -61,31 +61,31 @@ const claimRounds = 4
 // stops after limit rows of each. topic = ... finds the index range (the
 // collation ignores trailing spaces); CAST(topic AS BINARY) keeps only the
 // topic's exact bytes.
-func CandidatesSQL(t outboxdriver.Table, topics []string, after Cursor, limit int) string {
+func candidatesText(t outboxdriver.Table, topics []string, after claimCursor, limit int) string {
 	return candidatesSQL(t, topics, true, after, limit)
 }
 
-// CandidatesAllSQL is CandidatesSQL for a claim of every topic: topics
-// are those TopicsSQL found, each read as the index range of every topic
+// candidatesAllSQL is candidatesText for a claim of every topic: topics
+// are those topicsSQL found, each read as the index range of every topic
 // the collation takes as equal to it (so no byte-exact comparison:
-// TopicsSQL returns one topic of each such group).
-func CandidatesAllSQL(t outboxdriver.Table, topics []string, after Cursor, limit int) string {
+// topicsSQL returns one topic of each such group).
+func candidatesAllSQL(t outboxdriver.Table, topics []string, after claimCursor, limit int) string {
 	return candidatesSQL(t, topics, false, after, limit)
 }
 
-// TopicsSQL returns the first read of a claim of every topic (a relay
+// topicsSQL returns the first read of a claim of every topic (a relay
 // with a catch-all handler): the distinct topics of the claim index, a
 // loose index scan (one probe per topic, whatever the rows per topic).
 // MySQL has no partial index, so topics that have only delivered or dead
 // rows are among them: each costs its claim one more empty index probe.
-func TopicsSQL(t outboxdriver.Table) string {
-	return "SELECT DISTINCT topic FROM " + QuoteTable(t) + " FORCE INDEX (`" + t.Name + "_claim_idx`)"
+func topicsSQL(t outboxdriver.Table) string {
+	return "SELECT DISTINCT topic FROM " + quoteTable(t) + " FORCE INDEX (`" + t.Name + "_claim_idx`)"
 }
 
-func candidatesSQL(t outboxdriver.Table, topics []string, exact bool, after Cursor, limit int) string {
+func candidatesSQL(t outboxdriver.Table, topics []string, exact bool, after claimCursor, limit int) string {
 	one := func(b *strings.Builder, topic string) {
 		b.WriteString("SELECT id, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', claim_at) AS at FROM ")
-		b.WriteString(QuoteTable(t))
+		b.WriteString(quoteTable(t))
 		b.WriteString(" FORCE INDEX (`" + t.Name + "_claim_idx`)\nWHERE topic = ")
 		text(b, topic)
 		if exact {
@@ -117,24 +117,24 @@ func candidatesSQL(t outboxdriver.Table, topics []string, exact bool, after Curs
 	return b.String()
 }
 
-// Cursor is a position in claim order: a row's claim_at in microseconds
+// claimCursor is a position in claim order: a row's claim_at in microseconds
 // since 1970 and its id.
-type Cursor struct {
+type claimCursor struct {
 	At int64
 	ID outboxdriver.ID
 }
 
-// ClaimSQL returns the claim's locking read: at most limit of the
+// claimText returns the claim's locking read: at most limit of the
 // candidate rows ids that are still due and of topics (of any topic when
 // topics is nil: a claim of every topic), locked by primary key (see
-// [KeysSQL]), skipping rows other transactions hold. It locks only rows
+// [keys]), skipping rows other transactions hold. It locks only rows
 // it takes, and rows another claim has taken since the candidates were
 // read (it reads them to see that they are no longer due).
-func ClaimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int) string {
+func claimText(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int) string {
 	return claimSQL(t, topics, ids, limit, false)
 }
 
-// claimSQL is ClaimSQL, with each row's key_seq (0 for none) last when seq.
+// claimSQL is claimText, with each row's key_seq (0 for none) last when seq.
 func claimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limit int, seq bool) string {
 	var b strings.Builder
 	b.WriteString("SELECT o.id, o.topic, o.message_key, o.payload, o.headers, o.attempts, o.attempts_base, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', o.created_at)")
@@ -158,13 +158,13 @@ func claimSQL(t outboxdriver.Table, topics []string, ids []outboxdriver.ID, limi
 	return b.String()
 }
 
-// ClaimUpdateSQL returns the claim's updates of the rows its read locked:
+// claimUpdateSQL returns the claim's updates of the rows its read locked:
 // live rows get attempts + 1, state processing and a lease on the database
 // clock; dead rows (those that already had max attempts) are dead-lettered,
 // their attempts unchanged. An empty group has no statement. Each
 // assignment reads only the row's old values: MySQL does not promise an
 // order of assignments in a multiple-table UPDATE.
-func ClaimUpdateSQL(t outboxdriver.Table, live, dead []outboxdriver.ID, lease time.Duration) []string {
+func claimUpdateSQL(t outboxdriver.Table, live, dead []outboxdriver.ID, lease time.Duration) []string {
 	var out []string
 	if len(live) > 0 {
 		var b strings.Builder
@@ -184,7 +184,7 @@ func ClaimUpdateSQL(t outboxdriver.Table, live, dead []outboxdriver.ID, lease ti
 	return out
 }
 
-// KeysSQL returns how every relay statement that reads or changes given
+// keys writes how every relay statement that reads or changes given
 // rows reaches them: a derived table k of their ids joined, first, to the
 // table (as o) by primary key,
 //
@@ -196,12 +196,6 @@ func ClaimUpdateSQL(t outboxdriver.Table, live, dead []outboxdriver.ID, lease ti
 // table, or when the list is most of it, MariaDB scans the table, and a
 // locking scan locks (and waits for) every row it passes, such as a row a
 // publisher has just inserted or a duplicate publish holds.
-func KeysSQL(t outboxdriver.Table, ids []outboxdriver.ID) string {
-	var b strings.Builder
-	keys(&b, t, ids)
-	return b.String()
-}
-
 func keys(b *strings.Builder, t outboxdriver.Table, ids []outboxdriver.ID) {
 	b.WriteByte('(')
 	for i, id := range ids {
@@ -215,17 +209,17 @@ func keys(b *strings.Builder, t outboxdriver.Table, ids []outboxdriver.ID) {
 			b.WriteString(" COLLATE ascii_bin AS id")
 		}
 	}
-	b.WriteString(") AS k STRAIGHT_JOIN " + QuoteTable(t) + " AS o FORCE INDEX (PRIMARY) ON o.id = k.id")
+	b.WriteString(") AS k STRAIGHT_JOIN " + quoteTable(t) + " AS o FORCE INDEX (PRIMARY) ON o.id = k.id")
 }
 
 // Claim runs one short transaction: it settles p.Done (fenced, as in
 // Settle), then claims, then commits. Successes are settled first, so a
 // success whose lease lapsed is not claimed again by the same transaction.
 // The claim reads twice as many of the next due rows as it still needs
-// with CandidatesSQL (no locks), locks those still due that no one holds
-// with ClaimSQL, up to the number it needs, and repeats from after the
+// with candidatesText (no locks), locks those still due that no one holds
+// with claimText, up to the number it needs, and repeats from after the
 // last candidate while it has fewer than p.Limit rows and more may be due
-// (at most claimRounds rounds); then ClaimUpdateSQL marks the rows it
+// (at most claimRounds rounds); then claimUpdateSQL marks the rows it
 // locked. It locks only the rows it takes (and rows another claim took
 // since its read, which it leaves as they are), so claims of one topic
 // never hold up claims of another, and publishers never wait for a claim.
@@ -278,14 +272,14 @@ func (d *dialect) fenced(ctx context.Context, db outboxdriver.DB, op string, f f
 // when seq.
 func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, seq bool) ([]outboxdriver.Claimed, error) {
 	var out []outboxdriver.Claimed
-	var after Cursor
-	topics, candSQL := p.Topics, CandidatesSQL
+	var after claimCursor
+	topics, candSQL := p.Topics, candidatesText
 	if p.AllTopics {
 		var err error
 		if topics, err = allTopics(ctx, tx, t); err != nil || len(topics) == 0 {
 			return nil, err
 		}
-		candSQL = CandidatesAllSQL
+		candSQL = candidatesAllSQL
 		p.Topics = nil // the locking read takes any topic
 	}
 	for range claimRounds {
@@ -326,7 +320,7 @@ func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outb
 			live = append(live, out[i].ID)
 		}
 	}
-	for _, q := range ClaimUpdateSQL(t, live, dead, p.Lease) {
+	for _, q := range claimUpdateSQL(t, live, dead, p.Lease) {
 		if err := exec(ctx, tx, q); err != nil {
 			return nil, err
 		}
@@ -334,9 +328,9 @@ func claim(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outb
 	return out, nil
 }
 
-// allTopics runs TopicsSQL.
+// allTopics runs topicsSQL.
 func allTopics(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table) ([]string, error) {
-	rows, err := tx.QueryDB(ctx, TopicsSQL(t))
+	rows, err := tx.QueryDB(ctx, topicsSQL(t))
 	if err != nil {
 		return nil, err
 	}
@@ -352,15 +346,15 @@ func allTopics(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table) ([
 	return out, closeRows(rows)
 }
 
-// candidates runs a CandidatesSQL read.
-func candidates(ctx context.Context, tx outboxdriver.DB, q string) ([]Cursor, error) {
+// candidates runs a candidatesText read.
+func candidates(ctx context.Context, tx outboxdriver.DB, q string) ([]claimCursor, error) {
 	rows, err := tx.QueryDB(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	var out []Cursor
+	var out []claimCursor
 	for rows.Next() {
-		var c Cursor
+		var c claimCursor
 		var id string
 		if err := rows.Scan(&id, &c.At); err != nil {
 			rows.Close()
@@ -375,7 +369,7 @@ func candidates(ctx context.Context, tx outboxdriver.DB, q string) ([]Cursor, er
 	return out, closeRows(rows)
 }
 
-// lockDue runs ClaimSQL on the candidates ids and returns the rows it
+// lockDue runs claimText on the candidates ids and returns the rows it
 // locked (at most limit), attempts as the claim's update will leave them,
 // with their key_seq when seq.
 func lockDue(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p outboxdriver.ClaimParams, ids []outboxdriver.ID, limit int, seq bool) ([]outboxdriver.Claimed, error) {
@@ -436,10 +430,10 @@ func exec(ctx context.Context, db outboxdriver.DB, q string) error {
 	return closeRows(rows)
 }
 
-// LockSQL returns the locking read that fences settles and renewals: the
+// lockSQL returns the locking read that fences settles and renewals: the
 // current attempts and state of the rows ids, locked until the commit,
-// reached by primary key (see [KeysSQL]).
-func LockSQL(t outboxdriver.Table, ids []outboxdriver.ID) string {
+// reached by primary key (see [keys]).
+func lockSQL(t outboxdriver.Table, ids []outboxdriver.ID) string {
 	var b strings.Builder
 	b.WriteString("SELECT o.id, o.attempts, o.state FROM ")
 	keys(&b, t, ids)
@@ -456,7 +450,7 @@ func held(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, fences 
 	for i, f := range fences {
 		ids[i] = f.ID
 	}
-	rows, err := tx.QueryDB(ctx, LockSQL(t, ids))
+	rows, err := tx.QueryDB(ctx, lockSQL(t, ids))
 	if err != nil {
 		return nil, err
 	}
@@ -517,7 +511,7 @@ func settle(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p out
 	if ex, ok := tx.(outboxdriver.ExecDB); ok && !exact {
 		done, retry, dead := sqlbuild.ByKind(s)
 		var changed int64
-		for _, q := range SettleSQL(t, p, done, retry, dead) {
+		for _, q := range settleSQL(t, p, done, retry, dead) {
 			n, err := ex.ExecDB(ctx, q)
 			if err != nil {
 				return nil, err
@@ -538,7 +532,7 @@ func settle(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p out
 		holding[k] = s[i]
 	}
 	done, retry, dead := sqlbuild.ByKind(holding)
-	for _, q := range SettleSQL(t, p, done, retry, dead) {
+	for _, q := range settleSQL(t, p, done, retry, dead) {
 		if err := exec(ctx, tx, q); err != nil {
 			return nil, err
 		}
@@ -546,15 +540,15 @@ func settle(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, p out
 	return sqlbuild.FencesOf(holding), nil
 }
 
-// SettleSQL returns the fenced statements that write settlements: done
+// settleSQL returns the fenced statements that write settlements: done
 // rows deleted (or marked delivered with p.KeepDelivered), retry rows made
 // pending again at their new time, dead rows marked dead (or deleted with
 // p.DiscardDead), each only where the row still has the settlement's
 // attempts and state processing (or dead, for a dead-lettered row deleted
 // with p.DiscardDead). An empty group has no statement. Each reaches its
-// rows by primary key (see [KeysSQL]), so it never waits for a lock on
+// rows by primary key (see [keys]), so it never waits for a lock on
 // another row, and reads only old values in its assignments.
-func SettleSQL(t outboxdriver.Table, p outboxdriver.SettleParams, done, retry, dead []outboxdriver.Settlement) []string {
+func settleSQL(t outboxdriver.Table, p outboxdriver.SettleParams, done, retry, dead []outboxdriver.Settlement) []string {
 	var out []string
 	// from starts a statement on the rows of s, by primary key.
 	from := func(b *strings.Builder, s []outboxdriver.Settlement, verb string) {
@@ -669,9 +663,9 @@ func clampTime(t time.Time) time.Time {
 	return t
 }
 
-// RenewSQL returns the lease renewal of locked rows whose fences hold, by
-// primary key (see [KeysSQL]).
-func RenewSQL(t outboxdriver.Table, ids []outboxdriver.ID, lease time.Duration) string {
+// renewSQL returns the lease renewal of locked rows whose fences hold, by
+// primary key (see [keys]).
+func renewSQL(t outboxdriver.Table, ids []outboxdriver.ID, lease time.Duration) string {
 	var b strings.Builder
 	b.WriteString("UPDATE ")
 	keys(&b, t, ids)
@@ -693,7 +687,7 @@ func (d *dialect) Renew(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 			ids[j] = fences[i].ID
 			kept = append(kept, fences[i])
 		}
-		return exec(ctx, tx, RenewSQL(t, ids, lease))
+		return exec(ctx, tx, renewSQL(t, ids, lease))
 	})
 	if err != nil {
 		return nil, err
@@ -758,16 +752,16 @@ func (d *dialect) batched(ctx context.Context, db outboxdriver.DB, op, find stri
 	}
 }
 
-// RedriveSQL returns the redrive of dead rows of topic ("" for all): find
+// redriveText returns the redrive of dead rows of topic ("" for all): find
 // lists dead rows (dead rows have settled_at set, so the settled_at index
 // can find them), revive makes those of ids still dead pending again, due
 // now, with attempts_base = attempts (attempts stays: (id, attempts) fences
-// one claim and must never repeat), by primary key (see [KeysSQL]).
-func RedriveSQL(t outboxdriver.Table, topic string) (find string, revive func(ids []outboxdriver.ID) string) {
+// one claim and must never repeat), by primary key (see [keys]).
+func redriveText(t outboxdriver.Table, topic string) (find string, revive func(ids []outboxdriver.ID) string) {
 	return redriveSQL(t, topic, "")
 }
 
-// redriveSQL is RedriveSQL of the dead rows that also match extra (" AND
+// redriveSQL is redriveText of the dead rows that also match extra (" AND
 // ..." or empty).
 func redriveSQL(t outboxdriver.Table, topic, extra string) (find string, revive func(ids []outboxdriver.ID) string) {
 	var cond strings.Builder
@@ -776,7 +770,7 @@ func redriveSQL(t outboxdriver.Table, topic, extra string) (find string, revive 
 		cond.WriteString(" AND " + topicIs + "= ")
 		binary(&cond, topic)
 	}
-	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
+	find = "SELECT id FROM " + quoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
 	return find, func(ids []outboxdriver.ID) string {
 		var b strings.Builder
 		b.WriteString("UPDATE ")
@@ -787,7 +781,7 @@ func redriveSQL(t outboxdriver.Table, topic, extra string) (find string, revive 
 }
 
 func (d *dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
-	find, revive := RedriveSQL(t, topic)
+	find, revive := redriveText(t, topic)
 	return d.batched(ctx, db, "redrive", find, revive)
 }
 
@@ -795,11 +789,11 @@ func (d *dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdrive
 // DATETIME.
 const maxAge = 200 * 365 * 24 * time.Hour
 
-// PurgeSQL returns the purge of rows in states settled more than olderThan
+// purgeSQL returns the purge of rows in states settled more than olderThan
 // ago: find lists such rows (through the settled_at index when they are
 // few), remove deletes those of ids that still qualify, by primary key
-// (see [KeysSQL]).
-func PurgeSQL(t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (find string, remove func(ids []outboxdriver.ID) string) {
+// (see [keys]).
+func purgeSQL(t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (find string, remove func(ids []outboxdriver.ID) string) {
 	var cond strings.Builder
 	cond.WriteString("state IN (")
 	n := 0
@@ -819,7 +813,7 @@ func PurgeSQL(t outboxdriver.Table, states []outboxdriver.State, olderThan time.
 	cond.WriteString(") AND settled_at < " + now + " - ")
 	// Forever and other huge ages: keep the date within DATETIME's range.
 	micros(&cond, min(olderThan, maxAge))
-	find = "SELECT id FROM " + QuoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
+	find = "SELECT id FROM " + quoteTable(t) + " WHERE " + cond.String() + " LIMIT " + strconv.Itoa(opBatch)
 	return find, func(ids []outboxdriver.ID) string {
 		var b strings.Builder
 		b.WriteString("DELETE o FROM ")
@@ -830,7 +824,7 @@ func PurgeSQL(t outboxdriver.Table, states []outboxdriver.State, olderThan time.
 }
 
 func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (int64, error) {
-	find, remove := PurgeSQL(t, states, olderThan)
+	find, remove := purgeSQL(t, states, olderThan)
 	return d.batched(ctx, db, "purge", find, remove)
 }
 
@@ -840,7 +834,7 @@ func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
     SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
     SUM(state = 'pending' AND available_at <= `+now+`),
     COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), `+now+`), 0)
-FROM `+QuoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs, time.Microsecond)
+FROM `+quoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs, time.Microsecond)
 }
 
 // ListenSQL returns "": MySQL has no notifications; relays poll.

@@ -13,7 +13,7 @@ var _ outboxdriver.RelayDialect = (*dialect)(nil)
 // table) becomes [outboxdriver.ErrTableMissing], 42703 (undefined column)
 // [outboxdriver.ErrSchemaMismatch].
 func (d *dialect) Check(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) error {
-	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(QuoteTable(t)))
+	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(quoteTable(t)))
 	if err == nil {
 		err = sqlbuild.Drain(rows)
 	}

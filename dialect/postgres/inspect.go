@@ -23,17 +23,17 @@ var inspectSQL = &sqlbuild.Inspect{
 	Text:     func(col string) string { return col + "::text" },
 }
 
-// ListSQL returns the listing of at most limit messages of table t
+// listSQL returns the listing of at most limit messages of table t
 // matching f, in id order, and its arguments: the statement behind
 // outbox.List and outbox.Get. States are literals, so that a listing of
 // dead messages matches the dead index's predicate.
-func ListSQL(t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) (string, []any) {
-	return inspectSQL.List(QuoteTable(t), f, limit, withPayload)
+func listSQL(t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) (string, []any) {
+	return inspectSQL.List(quoteTable(t), f, limit, withPayload)
 }
 
-// CountSQL returns the count of the messages of table t matching f.
-func CountSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
-	return inspectSQL.Count(QuoteTable(t), f)
+// countSQL returns the count of the messages of table t matching f.
+func countSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
+	return inspectSQL.Count(quoteTable(t), f)
 }
 
 // List reads through the primary key in id order, or through the dead
@@ -41,7 +41,7 @@ func CountSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
 // messages only: a page of dead messages costs a page of index entries
 // whatever the number of live or delivered rows.
 func (*dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) ([]outboxdriver.MessageInfo, error) {
-	q, args := ListSQL(t, f, limit, withPayload)
+	q, args := listSQL(t, f, limit, withPayload)
 	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return nil, err
@@ -50,11 +50,11 @@ func (*dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Tab
 }
 
 func (*dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
-	q, args := CountSQL(t, f)
+	q, args := countSQL(t, f)
 	return sqlbuild.CountRows(ctx, db, q, args...)
 }
 
-// ActSQL returns one batch of action a on the rows of table t matching f:
+// actSQL returns one batch of action a on the rows of table t matching f:
 // it locks at most sqlbuild.InspectBatch of them still in a's source state
 // (FOR UPDATE SKIP LOCKED: a row a relay or another operator holds is left
 // for a later batch), changes those, re-checking the source state, and
@@ -63,12 +63,12 @@ func (*dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
 //
 // Ordered messages (key_seq set) that still hold their place in their
 // key are left alone: a redrive changes unordered dead messages only (the
-// ordered ones re-enter their keys through RedriveOrderedIDsSQL), and a
+// ordered ones re-enter their keys through redriveOrderedIDsSQL), and a
 // delete never deletes a pending, blocked or halted ordered message (its
 // key would wait forever for it), only delivered ones and dead ones that
 // no longer halt their key (settled: dead under ContinueKey, or skipped).
-func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
-	tbl := QuoteTable(t)
+func actSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
+	tbl := quoteTable(t)
 	var args []any
 	where := inspectSQL.Where(&args, f, "", false)
 	act := inspectSQL.ActWhere(a, "")
@@ -87,7 +87,7 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 }
 
 func (*dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
-	q, args := ActSQL(t, a, f)
+	q, args := actSQL(t, a, f)
 	n, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
 		return sqlbuild.CountRows(ctx, db, q, args...)
 	})
@@ -100,13 +100,13 @@ func (*dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Tabl
 	return n + m, err
 }
 
-// DeadOrderedSQL returns the first statement of a redrive batch of Act:
+// deadOrderedSQL returns the first statement of a redrive batch of Act:
 // the ids and keys of up to sqlbuild.InspectBatch dead ordered messages
 // of table t matching f, in id order (through an index: the dead index,
 // or the key index when few messages are ordered).
-func DeadOrderedSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
+func deadOrderedSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any) {
 	var args []any
-	tbl := QuoteTable(t)
+	tbl := quoteTable(t)
 	where := inspectSQL.Where(&args, f, "", false)
 	// ORDER BY the table's id, not the select list's (text: a sort).
 	return `SELECT id::text, message_key FROM ` + tbl + ` WHERE ` + where +
@@ -119,7 +119,7 @@ func DeadOrderedSQL(t outboxdriver.Table, f outboxdriver.Filter) (string, []any)
 // those keys) and re-checks that each is still dead. It sends one SELECT
 // and no transaction when no dead ordered message matches.
 func redriveOrderedBatch(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
-	q, args := DeadOrderedSQL(t, f)
+	q, args := deadOrderedSQL(t, f)
 	rows, err := db.QueryDB(ctx, q, args...)
 	if err != nil {
 		return 0, err
@@ -144,7 +144,7 @@ func redriveOrderedBatch(ctx context.Context, db outboxdriver.DB, t outboxdriver
 		if err := exec(ctx, tx, lockKeys(t), textArray(keys)); err != nil {
 			return err
 		}
-		n, err = sqlbuild.CountRows(ctx, tx, RedriveOrderedIDsSQL(t), textArray(ids))
+		n, err = sqlbuild.CountRows(ctx, tx, redriveOrderedIDsSQL(t), textArray(ids))
 		return err
 	})
 	return n, err

@@ -9,12 +9,12 @@ import (
 
 var _ outboxdriver.KeyTrimmer = (*dialect)(nil)
 
-// TrimKeysLockSQL returns the first statement of a key trim: it locks at
+// trimKeysLockSQL returns the first statement of a key trim: it locks at
 // most $1 rows of t's keys table with live = 0, no halted head and (in the
 // statement's snapshot) no live message, skipping
 // the rows an open transaction holds (a publisher's upsert, a settle, a
 // redrive), and returns their keys.
-func TrimKeysLockSQL(t outboxdriver.Table) string {
+func trimKeysLockSQL(t outboxdriver.Table) string {
 	return `SELECT message_key FROM ` + keysTable(t) + ` AS ks WHERE live = 0 AND halted_seq IS NULL AND ` + noLiveMessage(t) + `
     LIMIT $1 FOR UPDATE OF ks SKIP LOCKED`
 }
@@ -24,11 +24,11 @@ func TrimKeysLockSQL(t outboxdriver.Table) string {
 // filters with it too, so that keys kept by a dead message do not fill
 // every batch's LIMIT and starve the keys behind them.
 func noLiveMessage(t outboxdriver.Table) string {
-	return `NOT EXISTS (SELECT 1 FROM ` + QuoteTable(t) + ` o WHERE o.message_key = ks.message_key AND o.key_seq IS NOT NULL
+	return `NOT EXISTS (SELECT 1 FROM ` + quoteTable(t) + ` o WHERE o.message_key = ks.message_key AND o.key_seq IS NOT NULL
         AND o.state IN ('pending', 'processing', 'blocked', 'dead'))`
 }
 
-// TrimKeysDeleteSQL returns the second statement of a key trim: among the
+// trimKeysDeleteSQL returns the second statement of a key trim: among the
 // locked keys $1 (a text[]), it deletes the rows still with live = 0 and no
 // halted head and without a message of the key in t in a live state
 // (pending, processing, blocked, dead; the partial index on (message_key,
@@ -43,7 +43,7 @@ func noLiveMessage(t outboxdriver.Table) string {
 // but its NOT EXISTS would read the statement's older snapshot, and a
 // message published, then dead under Continue, between the two would be
 // missed.
-func TrimKeysDeleteSQL(t outboxdriver.Table) string {
+func trimKeysDeleteSQL(t outboxdriver.Table) string {
 	return `DELETE FROM ` + keysTable(t) + ` AS ks WHERE ks.message_key = ANY($1::text[]) AND ks.live = 0 AND ks.halted_seq IS NULL
     AND ` + noLiveMessage(t)
 }
@@ -56,7 +56,7 @@ func (*dialect) TrimKeys(ctx context.Context, db outboxdriver.DB, t outboxdriver
 	}
 	var n int64
 	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
-		rows, err := tx.QueryDB(ctx, TrimKeysLockSQL(t), limit)
+		rows, err := tx.QueryDB(ctx, trimKeysLockSQL(t), limit)
 		if err != nil {
 			return err
 		}
@@ -73,7 +73,7 @@ func (*dialect) TrimKeys(ctx context.Context, db outboxdriver.DB, t outboxdriver
 		if err := rows.Err(); err != nil || len(keys) == 0 {
 			return err
 		}
-		rows, err = tx.QueryDB(ctx, TrimKeysDeleteSQL(t)+` RETURNING 1`, textArray(keys))
+		rows, err = tx.QueryDB(ctx, trimKeysDeleteSQL(t)+` RETURNING 1`, textArray(keys))
 		if err != nil {
 			return err
 		}

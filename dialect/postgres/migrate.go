@@ -93,6 +93,6 @@ func TopicIndexSQL(table string) (string, error) {
 		return "", &outboxdriver.ConfigError{Field: "Table", Reason: fmt.Sprintf("%q: the index name %q would pass PostgreSQL's 63 bytes", table, t.Name+suffix)}
 	}
 	// An index is created in its table's schema: its name is not qualified.
-	return `CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + t.Name + suffix + `" ON ` + QuoteTable(t) +
+	return `CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + t.Name + suffix + `" ON ` + quoteTable(t) +
 		` (topic, available_at, id) WHERE state IN ('pending', 'processing')`, nil
 }

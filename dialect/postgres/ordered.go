@@ -21,7 +21,7 @@ import (
 var _ outboxdriver.OrderedDialect = (*dialect)(nil)
 
 // keysTable is the quoted table of key sequences beside t.
-func keysTable(t outboxdriver.Table) string { return QuoteTable(outboxdriver.KeysTable(t)) }
+func keysTable(t outboxdriver.Table) string { return quoteTable(outboxdriver.KeysTable(t)) }
 
 // hasOrdered reports whether some row is ordered.
 func hasOrdered(rows []outboxdriver.Row) bool {
@@ -56,7 +56,7 @@ func keysUpsert(t outboxdriver.Table) string {
     RETURNING ks.message_key, ks.last_seq, ks.live)`
 }
 
-// OrderedInsertSQL returns the publish statement of a batch with ordered
+// orderedInsertSQL returns the publish statement of a batch with ordered
 // rows, for table t. Its parameters are arrays, one element per message
 // (so the text is the same whatever the batch): $1 ids, $2 topics, $3 keys,
 // $4 payloads, $5 headers, $6 dedup keys, $7 delays in seconds, $8
@@ -70,8 +70,8 @@ func keysUpsert(t outboxdriver.Table) string {
 // has a DedupKey), ordered messages are stored blocked without a key_seq,
 // for SequenceSQL. dedup adds ON CONFLICT DO NOTHING RETURNING id::text;
 // notify folds pg_notify(channel, payload) into the statement.
-func OrderedInsertSQL(t outboxdriver.Table, seq, dedup, notify bool, payload string) string {
-	tbl := QuoteTable(t)
+func orderedInsertSQL(t outboxdriver.Table, seq, dedup, notify bool, payload string) string {
+	tbl := quoteTable(t)
 	with := `WITH v AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::float8[], $8::timestamptz[], $9::integer[], $10::integer[])
     AS v(id, topic, k, payload, headers, dedup, delay, nb, ord, n))`
@@ -101,30 +101,30 @@ SELECT `
 	if dedup {
 		q += `ins.id `
 	}
-	q += `FROM pg_notify(` + quoteLiteral(Channel(t)) + `, ` + quoteLiteral(payload) + `)`
+	q += `FROM pg_notify(` + quoteLiteral(channel(t)) + `, ` + quoteLiteral(payload) + `)`
 	if dedup {
 		q += `, ins`
 	}
 	return q
 }
 
-// OrderedInsertOneSQL returns the publish statement of a batch of one
+// orderedInsertOneSQL returns the publish statement of a batch of one
 // ordered message without a DedupKey (the common case: one event per
-// transaction), for table t: OrderedInsertSQL's statement with scalar
+// transaction), for table t: orderedInsertSQL's statement with scalar
 // parameters, $1 id, $2 topic, $3 key, $4 payload, $5 headers, $6 delay in
 // seconds, $7 not-before time (NULL when absent). It takes the key row as
-// OrderedInsertSQL does (adding one to last_seq and live, under the row
+// orderedInsertSQL does (adding one to last_seq and live, under the row
 // lock held to commit) and stores the message as its key's head (pending)
 // when the key had no live message, else blocked. Against the array form
 // it saves the unnest of ten arrays, the grouping and sort of the keys and
 // the join (about a tenth of the server's time per transaction with 8
 // producers, pgbench), and the client's building of array literals.
-func OrderedInsertOneSQL(t outboxdriver.Table, notify bool, payload string) string {
+func orderedInsertOneSQL(t outboxdriver.Table, notify bool, payload string) string {
 	q := `WITH k AS (
     INSERT INTO ` + keysTable(t) + ` AS ks (message_key, last_seq, live) VALUES ($3, 1, 1)
     ON CONFLICT (message_key) DO UPDATE SET last_seq = ks.last_seq + 1, live = ks.live + 1
     RETURNING ks.last_seq, ks.live)`
-	ins := `INSERT INTO ` + QuoteTable(t) + ` (id, topic, message_key, payload, headers, available_at, key_seq, state)
+	ins := `INSERT INTO ` + quoteTable(t) + ` (id, topic, message_key, payload, headers, available_at, key_seq, state)
 SELECT $1::uuid, $2, $3, $4::jsonb, $5::jsonb,
     CASE WHEN $7::timestamptz IS NOT NULL THEN greatest(now(), $7::timestamptz) WHEN $6::float8 IS NOT NULL THEN now() + make_interval(secs => $6::float8) ELSE now() END,
     k.last_seq, CASE WHEN k.live > 1 THEN 'blocked' ELSE 'pending' END FROM k`
@@ -134,21 +134,21 @@ SELECT $1::uuid, $2, $3, $4::jsonb, $5::jsonb,
 	}
 	return q + `,
 ins AS (` + ins + `)
-SELECT FROM pg_notify(` + quoteLiteral(Channel(t)) + `, ` + quoteLiteral(payload) + `)`
+SELECT FROM pg_notify(` + quoteLiteral(channel(t)) + `, ` + quoteLiteral(payload) + `)`
 }
 
-// oneKey identifies a text of OrderedInsertOneSQL.
+// oneKey identifies a text of orderedInsertOneSQL.
 type oneKey struct {
 	t       outboxdriver.Table
 	notify  bool
 	payload string
 }
 
-// orderedOnes caches OrderedInsertOneSQL's texts.
+// orderedOnes caches orderedInsertOneSQL's texts.
 var orderedOnes sync.Map // oneKey -> string
 
 // insertOrderedOne is Insert for one ordered row without a DedupKey (see
-// OrderedInsertOneSQL).
+// orderedInsertOneSQL).
 func insertOrderedOne(t outboxdriver.Table, r *outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
 	key := oneKey{t, wake.Send, ""}
 	if wake.Send {
@@ -156,7 +156,7 @@ func insertOrderedOne(t outboxdriver.Table, r *outboxdriver.Row, wake outboxdriv
 	}
 	q, ok := orderedOnes.Load(key)
 	if !ok {
-		q, _ = orderedOnes.LoadOrStore(key, OrderedInsertOneSQL(t, key.notify, key.payload))
+		q, _ = orderedOnes.LoadOrStore(key, orderedInsertOneSQL(t, key.notify, key.payload))
 	}
 	args := []any{r.ID.String(), r.Topic, r.Key, nil, nil, nil, nil}
 	if r.Payload != nil {
@@ -175,8 +175,8 @@ func insertOrderedOne(t outboxdriver.Table, r *outboxdriver.Row, wake outboxdriv
 }
 
 // insertOrdered is Insert for a batch with ordered rows (see
-// OrderedInsertSQL and, for one row without a DedupKey,
-// OrderedInsertOneSQL).
+// orderedInsertSQL and, for one row without a DedupKey,
+// orderedInsertOneSQL).
 func (d *dialect) insertOrdered(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
 	if len(rows) == 1 && rows[0].Ordered && rows[0].DedupKey == "" {
 		return insertOrderedOne(t, &rows[0], wake)
@@ -208,7 +208,7 @@ func (d *dialect) insertOrdered(t outboxdriver.Table, rows []outboxdriver.Row, w
 			return r.NotBefore.UTC().Format(time.RFC3339Nano), !r.NotBefore.IsZero()
 		}),
 		ints(ord), ints(count)}
-	return OrderedInsertSQL(t, !orderedDedup(rows), dedup, wake.Send, wake.Payload), args
+	return orderedInsertSQL(t, !orderedDedup(rows), dedup, wake.Send, wake.Payload), args
 }
 
 // keyPlaces returns, for each row, its place among the batch's ordered
@@ -234,13 +234,13 @@ func keyPlaces(rows []outboxdriver.Row) (ord, count []int) {
 // SequenceSQL numbers the ordered rows among $1 (a uuid[] literal, in
 // publish order) that Insert stored blocked without a key_seq in this
 // transaction: it takes their key rows and gives them key_seq and state
-// as OrderedInsertSQL does in one statement.
+// as orderedInsertSQL does in one statement.
 func (*dialect) SequenceSQL(t outboxdriver.Table, ids []outboxdriver.ID) (string, []any) {
 	s := make([]string, len(ids))
 	for i, id := range ids {
 		s[i] = id.String()
 	}
-	tbl := QuoteTable(t)
+	tbl := quoteTable(t)
 	return `WITH v AS MATERIALIZED (
     SELECT o.id, o.message_key AS k,
         row_number() OVER (PARTITION BY o.message_key ORDER BY x.pos) AS ord,
@@ -253,29 +253,29 @@ UPDATE ` + tbl + ` AS o SET key_seq = k.last_seq - v.n + v.ord,
 FROM v JOIN k ON k.message_key = v.k WHERE o.id = v.id`, []any{textArray(s)}
 }
 
-// OrderedClaimSQL returns the claim of a relay of an Outbox with
-// OrderByKey: ClaimSettleSQL's claim and carried successes ($1-$6, $4
+// orderedClaimSQL returns the claim of a relay of an Outbox with
+// OrderByKey: claimSettleText's claim and carried successes ($1-$6, $4
 // being the largest integer, so that nothing is dead-lettered at claim),
 // then, for each claimed ordered head, its run: up to $8 blocked messages
 // that follow it in its key (through the index on (message_key,
 // key_seq)), cut before the first that is not due or whose topic is not
-// among $7 (a text[] literal; NULL with topics AllTopics: every topic). $8 also bounds the run members of the
+// among $7 (a text[] literal; NULL with topics allTopics: every topic). $8 also bounds the run members of the
 // whole claim: they are shared among the heads round-robin (every head's
 // first, then every head's second...), so each run stays a prefix of its
 // key and a claim of many busy keys holds at most its heads and $8 more
 // messages in memory, while a claim of one hot key gets a run of $8. Rows: part (0 claimed, 1 run member, 2
 // carried success fenced off: not written, usually none, as in
-// ClaimSettleSQL), then the claimed columns, key_seq (0 for none) and the
+// claimSettleText), then the claimed columns, key_seq (0 for none) and the
 // head's id for a run member.
-func OrderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
-	tbl := QuoteTable(t)
+func orderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
+	tbl := quoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	}
 	// Every topic: $7 is NULL, and no topic cuts a run.
 	inTopics := `b.topic = ANY($7::text[])`
-	if topics == AllTopics {
+	if topics == allTopics {
 		inTopics = `coalesce(b.topic = ANY($7::text[]), true)`
 	}
 	// The claimed rows return their key_seq: the heads are read from the
@@ -342,15 +342,15 @@ SELECT 2, f.id::text, '', '', NULL, NULL, f.attempts, 0, 0, now(), 0, NULL FROM 
 ORDER BY 1, 11`
 }
 
-// orderedClaimTexts are OrderedClaimSQL's statements by topic form,
+// orderedClaimTexts are orderedClaimSQL's statements by topic form,
 // deleting or keeping carried successes.
 type orderedClaimTexts struct{ del, keep [3]string }
 
 var orderedClaims = sqlbuild.NewTexts(func(t outboxdriver.Table) orderedClaimTexts {
 	var c orderedClaimTexts
 	for form, topics := range topicForms {
-		c.del[form] = OrderedClaimSQL(t, topics, false)
-		c.keep[form] = OrderedClaimSQL(t, topics, true)
+		c.del[form] = orderedClaimSQL(t, topics, false)
+		c.keep[form] = orderedClaimSQL(t, topics, true)
 	}
 	return c
 })
@@ -434,8 +434,8 @@ func lockKeys(t outboxdriver.Table) string {
 	return `SELECT 1 FROM ` + keysTable(t) + ` WHERE message_key = ANY($1::text[]) ORDER BY message_key FOR UPDATE`
 }
 
-// SettleRunsSQL returns the settle of runs (the second statement of
-// SettleRuns, after LockFreeKeysSQL). One element per run: $1 head ids, $2 head
+// settleRunsSQL returns the settle of runs (the second statement of
+// SettleRuns, after lockFreeKeysSQL). One element per run: $1 head ids, $2 head
 // attempts, $3 keys, $4 failed ids (NULL for none), $5 failed kinds (0
 // none, 1 retry, 2 dead), $6 retry delays in seconds, $7 retry times, $8
 // errors, $9 halt, $12 how many successes; and one per success: $10 ids
@@ -461,8 +461,8 @@ func lockKeys(t outboxdriver.Table) string {
 // settle's 175 ms for 500 runs, auto_explain). Written rows and key rows
 // are reached through id = ANY(ARRAY(...)): as joins, the planner hashed
 // sequential scans of the outbox and keys tables.
-func SettleRunsSQL(t outboxdriver.Table, keep bool) string {
-	tbl := QuoteTable(t)
+func settleRunsSQL(t outboxdriver.Table, keep bool) string {
+	tbl := quoteTable(t)
 	// Rows by primary key, through an array (a TID-free probe per id, as
 	// the claim does with its ctids): joined to d, the planner guessed
 	// thousands of rows and hashed a sequential scan of the whole table.
@@ -519,7 +519,7 @@ SELECT h_id::text, h_att FROM ok
 }
 
 var settleRunsTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) [2]string {
-	return [2]string{SettleRunsSQL(t, false), SettleRunsSQL(t, true)}
+	return [2]string{settleRunsSQL(t, false), settleRunsSQL(t, true)}
 })
 
 // sortedKeys returns the distinct keys, sorted: the order every key lock
@@ -579,18 +579,18 @@ func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdr
 	return applied, busy, nil
 }
 
-// LockFreeKeysSQL is the first statement of SettleRuns: it locks the key
+// lockFreeKeysSQL is the first statement of SettleRuns: it locks the key
 // rows $1 (a sorted text[] literal) in key order, skipping those another
 // transaction holds (an open publish of the key, another settle), and
 // returns the keys it locked. The next statement, with a snapshot taken
 // after the locks, sees every message of those keys committed so far.
-func LockFreeKeysSQL(t outboxdriver.Table) string {
+func lockFreeKeysSQL(t outboxdriver.Table) string {
 	return `SELECT message_key FROM ` + keysTable(t) + ` WHERE message_key = ANY($1::text[]) ORDER BY message_key FOR UPDATE SKIP LOCKED`
 }
 
-// lockFreeKeys runs LockFreeKeysSQL and returns the keys it locked.
+// lockFreeKeys runs lockFreeKeysSQL and returns the keys it locked.
 func lockFreeKeys(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table, keys []string) (map[string]bool, error) {
-	rows, err := tx.QueryDB(ctx, LockFreeKeysSQL(t), sortedKeys(keys))
+	rows, err := tx.QueryDB(ctx, lockFreeKeysSQL(t), sortedKeys(keys))
 	if err != nil {
 		return nil, err
 	}
@@ -606,7 +606,7 @@ func lockFreeKeys(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Table,
 	return locked, rows.Err()
 }
 
-// settleRunsArgs returns SettleRunsSQL's arguments for runs.
+// settleRunsArgs returns settleRunsSQL's arguments for runs.
 func settleRunsArgs(runs []outboxdriver.RunOutcome) []any {
 	n := len(runs)
 	heads, keys := make([]outboxdriver.Fence, n), make([]string, n)
@@ -663,7 +663,7 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 	return rows.Err()
 }
 
-// RedriveOrderedIDsSQL returns the redrive of the dead ordered messages
+// redriveOrderedIDsSQL returns the redrive of the dead ordered messages
 // whose ids are $1 (a uuid[]), the second statement of a transaction that
 // has locked their keys (lockKeys), re-checking that each is still dead.
 // Each re-enters its key at the place outboxdriver.OrderedDialect's
@@ -676,8 +676,8 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 // redrove. The messages are locked first and read on their newest
 // versions (FOR UPDATE), so one deleted or changed meanwhile (an operator's
 // delete, a purge) is neither redriven nor counted.
-func RedriveOrderedIDsSQL(t outboxdriver.Table) string {
-	tbl, keys := QuoteTable(t), keysTable(t)
+func redriveOrderedIDsSQL(t outboxdriver.Table) string {
+	tbl, keys := quoteTable(t), keysTable(t)
 	return `WITH locked AS MATERIALIZED (
     SELECT o.id, o.message_key, o.key_seq FROM ` + tbl + ` o
     WHERE o.state = 'dead' AND o.key_seq IS NOT NULL AND o.id = ANY($1::uuid[]) FOR UPDATE),
@@ -714,23 +714,23 @@ kk AS (
 SELECT (SELECT count(*) FROM rd) + 0 * (SELECT count(*) FROM pr) + 0 * (SELECT count(*) FROM kk)`
 }
 
-// RedriveUnorderedSQL returns the redrive of the dead unordered messages
+// redriveUnorderedSQL returns the redrive of the dead unordered messages
 // of table t ($1 the topic, "" for all): they become pending, due now, with
 // fresh attempts. It returns how many it redrove.
-func RedriveUnorderedSQL(t outboxdriver.Table) string {
+func redriveUnorderedSQL(t outboxdriver.Table) string {
 	// attempts stays: (id, attempts) fences one claim and must never repeat.
-	return `WITH r AS (UPDATE ` + QuoteTable(t) + ` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
+	return `WITH r AS (UPDATE ` + quoteTable(t) + ` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
     WHERE state = 'dead' AND key_seq IS NULL AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`
 }
 
 // RedriveOrdered redrives the dead unordered messages of topic with one
 // statement, then its dead ordered ones in batches of up to
 // sqlbuild.InspectBatch, each one transaction that locks the batch's keys
-// and redrives only the messages it picked (RedriveOrderedIDsSQL): a
+// and redrives only the messages it picked (redriveOrderedIDsSQL): a
 // message that dies after the pick, its key not locked, waits for the next
 // redrive.
 func (*dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
-	n, err := sqlbuild.CountRows(ctx, db, RedriveUnorderedSQL(t), topic)
+	n, err := sqlbuild.CountRows(ctx, db, redriveUnorderedSQL(t), topic)
 	if err != nil {
 		return 0, err
 	}
@@ -740,14 +740,14 @@ func (*dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	return n + m, err
 }
 
-// SkipHeadSQL returns the skip of key $1's head dead under Halt (after
+// skipHeadSQL returns the skip of key $1's head dead under Halt (after
 // the key is locked), when $2 is empty or that head's id: the message stays
 // dead (settled now, so Purge may delete it from now on), the key is no
 // longer halted and no longer counts it, and its first blocked message
 // becomes pending. It returns the skipped message's id, no row when there
 // was none.
-func SkipHeadSQL(t outboxdriver.Table) string {
-	tbl, keys := QuoteTable(t), keysTable(t)
+func skipHeadSQL(t outboxdriver.Table) string {
+	tbl, keys := quoteTable(t), keysTable(t)
 	return `WITH h AS MATERIALIZED (
     SELECT o.id FROM ` + keys + ` ks JOIN ` + tbl + ` o ON o.message_key = ks.message_key AND o.key_seq = ks.halted_seq
     WHERE ks.message_key = $1 AND o.state = 'dead' AND ($2 = '' OR o.id::text = $2) FOR UPDATE OF o),
@@ -772,7 +772,7 @@ func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver
 		if err := exec(ctx, tx, lockKeys(t), textArray([]string{key})); err != nil {
 			return err
 		}
-		rows, err := tx.QueryDB(ctx, SkipHeadSQL(t), key, want)
+		rows, err := tx.QueryDB(ctx, skipHeadSQL(t), key, want)
 		if err != nil {
 			return err
 		}
@@ -792,12 +792,12 @@ func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver
 	return id, ok, err
 }
 
-// OrderedStatsSQL returns, per topic: blocked messages, held keys (a head
+// orderedStatsSQL returns, per topic: blocked messages, held keys (a head
 // of the topic with messages behind it), blocked keys (a head of the topic
 // dead under Halt or pending a retry) and the age in microseconds of the
 // oldest of those heads.
-func OrderedStatsSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func orderedStatsSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	const failed = `(o.state = 'dead' OR o.last_error IS NOT NULL)`
 	return `SELECT topic, sum(blocked)::bigint, sum(held)::bigint, sum(bk)::bigint, max(age)::bigint FROM (
     SELECT topic, count(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY topic
@@ -816,13 +816,13 @@ func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	if err != nil {
 		return nil, err
 	}
-	return sqlbuild.OrderedStats(ctx, db, OrderedStatsSQL(t), ts, time.Microsecond)
+	return sqlbuild.OrderedStats(ctx, db, orderedStatsSQL(t), ts, time.Microsecond)
 }
 
 // CheckOrdered reads nothing but the columns and table ordered delivery
 // needs.
 func (d *dialect) CheckOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) error {
-	err := exec(ctx, db, `SELECT key_seq FROM `+QuoteTable(t)+` WHERE false`)
+	err := exec(ctx, db, `SELECT key_seq FROM `+quoteTable(t)+` WHERE false`)
 	if err == nil {
 		err = exec(ctx, db, `SELECT message_key, last_seq, live, halted_seq FROM `+keysTable(t)+` WHERE false`)
 	}

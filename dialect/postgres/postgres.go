@@ -21,8 +21,8 @@ import (
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// MaxParams is PostgreSQL's limit of bind parameters in one statement.
-const MaxParams = 65535
+// maxParams is PostgreSQL's limit of bind parameters in one statement.
+const maxParams = 65535
 
 // paramsPerRow is the most parameters one inserted row uses: id, topic,
 // key, payload, headers, dedup key, and a delay or not-before time.
@@ -42,21 +42,21 @@ func (*dialect) Name() string { return "postgres" }
 func (*dialect) Capabilities() outboxdriver.Capabilities {
 	// MinLease: the relay's floor. A renewal is one short statement that
 	// waits only for the row locks of the relay's own short statements.
-	return outboxdriver.Capabilities{Notify: true, MaxParams: MaxParams, ParamsPerRow: paramsPerRow, Ordered: true, AllTopics: true, AsyncCommit: true, MinLease: time.Second}
+	return outboxdriver.Capabilities{Notify: true, MaxParams: maxParams, ParamsPerRow: paramsPerRow, Ordered: true, AllTopics: true, AsyncCommit: true, MinLease: time.Second}
 }
 
-// QuoteTable returns t as a quoted, possibly schema-qualified, identifier.
-func QuoteTable(t outboxdriver.Table) string {
+// quoteTable returns t as a quoted, possibly schema-qualified, identifier.
+func quoteTable(t outboxdriver.Table) string {
 	if t.Schema == "" {
 		return `"` + t.Name + `"`
 	}
 	return `"` + t.Schema + `"."` + t.Name + `"`
 }
 
-// Channel returns the notification channel of table t: its name as written
+// channel returns the notification channel of table t: its name as written
 // in the outbox package's Config.Table. One fixed channel per table keeps NOTIFY payloads
 // constant and avoids channel-name collisions between topics.
-func Channel(t outboxdriver.Table) string { return t.String() }
+func channel(t outboxdriver.Table) string { return t.String() }
 
 // Insert builds the publish statement. Without notify, for one message
 // with a key, a payload and a DedupKey:
@@ -81,14 +81,14 @@ func Channel(t outboxdriver.Table) string { return t.String() }
 //	WITH ins AS (INSERT ... RETURNING id::text) SELECT ins.id FROM pg_notify('outbox', ''), ins
 //	WITH ins AS (INSERT ...) SELECT FROM pg_notify('outbox', '')          -- no DedupKey
 //
-// A batch with ordered rows (Row.Ordered) is stored with OrderedInsertSQL
+// A batch with ordered rows (Row.Ordered) is stored with orderedInsertSQL
 // instead, a batch of one ordered row without a DedupKey with
-// OrderedInsertOneSQL.
+// orderedInsertOneSQL.
 func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
 	if hasOrdered(rows) {
 		return d.insertOrdered(t, rows, wake)
 	}
-	return d.insert.Build(QuoteTable(t), t, rows, wake, jsonText)
+	return d.insert.Build(quoteTable(t), t, rows, wake, jsonText)
 }
 
 // jsonText passes JSON as text, which every driver sends in a form jsonb
@@ -124,7 +124,7 @@ func newInsert() *sqlbuild.Insert {
 			} else {
 				b.WriteString(") SELECT FROM pg_notify(")
 			}
-			b.WriteString(quoteLiteral(Channel(t)))
+			b.WriteString(quoteLiteral(channel(t)))
 			b.WriteString(", ")
 			b.WriteString(quoteLiteral(payload))
 			b.WriteByte(')')

@@ -10,20 +10,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// AllTopics, as the topics of ClaimSQL, ClaimSettleSQL and
-// OrderedClaimSQL, makes a claim of every topic.
-const AllTopics = -1
+// allTopics, as the topics of claimText, claimSettleText and
+// orderedClaimSQL, makes a claim of every topic.
+const allTopics = pgsql.AllTopics
 
 // textArray writes ss as a PostgreSQL text[] literal (see arrayLiteral).
 func textArray(ss []string) string {
 	return arrayLiteral(len(ss), func(i int) (string, bool) { return ss[i], true })
 }
 
-// ClaimSQL returns the claim statement for table t.
+// claimText returns the claim statement for table t.
 //
 // The due rows are chosen in a MATERIALIZED CTE: it is evaluated once, so
 // its LIMIT holds whatever plan PostgreSQL picks; the seed's
@@ -57,17 +58,17 @@ func textArray(ss []string) string {
 // above the locks; and locking after the merge would make relays of the
 // same topics pick the same candidates and skip each other's.)
 //
-// topics AllTopics claims every topic (a relay with a catch-all handler):
+// topics allTopics claims every topic (a relay with a catch-all handler):
 // $1 is ” and the topics are those of the live rows, found by a skip scan
 // of the claim index (a recursive CTE: the first live topic after $1, then
 // the first after that, one index probe per topic), and claimed as several
 // topics are. So a claim of every topic reads, per topic, one probe and at
 // most $2 rows, as if every topic were registered.
-func ClaimSQL(t outboxdriver.Table, topics int) string {
+func claimText(t outboxdriver.Table, topics int) string {
 	return claimSQL(t, topics, false, "")
 }
 
-// claimSQL is ClaimSQL, with async its asynchronous-commit form (see
+// claimSQL is claimText, with async its asynchronous-commit form (see
 // asyncCommit).
 func claimSQL(t outboxdriver.Table, topics int, async bool, limit string) string {
 	return claimCTE(t, "", topics, "", async, limit) + `
@@ -107,22 +108,22 @@ const (
 	rowFencedOff = 2
 )
 
-// ClaimSettleSQL is ClaimSQL that also settles successes in the same
+// claimSettleText is claimText that also settles successes in the same
 // statement, and so the same commit: $5 ids and $6 attempts (array
 // literals) are deleted (or marked delivered when keep is true), fenced as in
-// SettleSQL; those it did not write (fenced off) are returned as rows of
+// settleSQL; those it did not write (fenced off) are returned as rows of
 // kind rowFencedOff, usually none. The claim's UPDATE
 // leaves those ids alone (one whose lease lapsed may be among the due rows),
 // so no row is both settled and claimed by the one statement.
-func ClaimSettleSQL(t outboxdriver.Table, topics int, keep bool) string {
+func claimSettleText(t outboxdriver.Table, topics int, keep bool) string {
 	return claimSettleSQL(t, topics, keep, false, "")
 }
 
-// claimSettleSQL is ClaimSettleSQL, with async its asynchronous-commit
+// claimSettleSQL is claimSettleText, with async its asynchronous-commit
 // form (see asyncCommit) and limit, when not "", the claim's limit
 // written in the text (see claimCTE).
 func claimSettleSQL(t outboxdriver.Table, topics int, keep, async bool, limit string) string {
-	tbl := QuoteTable(t)
+	tbl := quoteTable(t)
 	done := `DELETE FROM ` + tbl + ` AS o USING unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
 	if keep {
 		done = `UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM unnest($5::uuid[], $6::integer[]) AS v(id, attempts)`
@@ -157,7 +158,7 @@ SELECT uuid_send(f.id), '', '', NULL, NULL, f.attempts, 0, ` + strconv.Itoa(rowF
 // literalClaims): due's LIMIT is written in the text, and claimed still
 // takes at most $2 of due's rows, which the caller passes equal to it.
 func claimCTE(t outboxdriver.Table, done string, topics int, more string, async bool, limit string) string {
-	tbl := QuoteTable(t)
+	tbl := quoteTable(t)
 	take := `ARRAY(SELECT ctid FROM due)`
 	if limit == "" {
 		limit = `$2`
@@ -167,13 +168,13 @@ func claimCTE(t outboxdriver.Table, done string, topics int, more string, async 
 	// spent: the row had its $4 attempts since its last redrive.
 	const spent = `o.attempts - o.attempts_base >= $4`
 	with, after, skip := `WITH `, "", ""
-	// The one topic, or each of several (see ClaimSQL).
+	// The one topic, or each of several (see claimText).
 	topic, list := `topic = $1`, `unnest($1::text[]) AS t(topic)`
-	if topics > 1 || topics == AllTopics {
+	if topics > 1 || topics == allTopics {
 		topic = `topic = t.topic`
 	}
 	live := ""
-	if topics == AllTopics {
+	if topics == allTopics {
 		with = `WITH RECURSIVE `
 		live = `live AS (
     (SELECT topic FROM ` + tbl + ` WHERE topic > $1::text AND state IN ('pending', 'processing') ORDER BY topic LIMIT 1)
@@ -198,7 +199,7 @@ func claimCTE(t outboxdriver.Table, done string, topics int, more string, async 
     ORDER BY available_at, id
     LIMIT ` + limit + `
     FOR UPDATE SKIP LOCKED`
-	if topics > 1 || topics == AllTopics {
+	if topics > 1 || topics == allTopics {
 		due = `SELECT x.ctid FROM ` + list + ` CROSS JOIN LATERAL (
     SELECT ctid, available_at, id FROM ` + tbl + `
     WHERE ` + topic + ` AND state IN ('pending', 'processing') AND available_at <= now()` + after + `
@@ -230,8 +231,8 @@ type relayTexts struct {
 	purge  *sqlbuild.Texts[string]
 }
 
-// claimTexts are a claim's statements, indexed by topicForm: ClaimSQL,
-// and ClaimSettleSQL deleting or keeping the successes.
+// claimTexts are a claim's statements, indexed by topicForm: claimText,
+// and claimSettleText deleting or keeping the successes.
 type claimTexts struct {
 	claim, claimDelete, claimKeep [3]string
 	// The same with asynchronous commit (ClaimParams.AsyncCommit).
@@ -299,8 +300,8 @@ func (d *dialect) claimTexts(t outboxdriver.Table, limit int) claimTexts {
 	return d.texts.claim.Get(t)
 }
 
-// topicForms are the topics argument of ClaimSQL for each topicForm.
-var topicForms = [3]int{1, 2, AllTopics}
+// topicForms are the topics argument of claimText for each topicForm.
+var topicForms = [3]int{1, 2, allTopics}
 
 // topicForm is 0 for a claim of one topic, 1 for several, 2 for every
 // topic.
@@ -314,7 +315,7 @@ func topicForm(p outboxdriver.ClaimParams) int {
 	return 1
 }
 
-// topicsArg is ClaimSQL's $1 for the claim p in topic form form.
+// topicsArg is claimText's $1 for the claim p in topic form form.
 func topicsArg(p outboxdriver.ClaimParams, form int) any {
 	switch form {
 	case 0:
@@ -325,7 +326,7 @@ func topicsArg(p outboxdriver.ClaimParams, form int) any {
 	return textArray(p.Topics)
 }
 
-// settleTexts are SettleSQL's statements.
+// settleTexts are settleSQL's statements.
 type settleTexts struct {
 	deleteDone, markDelivered, retry, markDead, deleteDead string
 }
@@ -335,15 +336,15 @@ func newTexts() relayTexts {
 		claim: sqlbuild.NewTexts(func(t outboxdriver.Table) claimTexts { return buildClaimTexts(t, "") }),
 		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) [2]settleTexts {
 			var st [2]settleTexts
-			st[0].deleteDone, st[0].markDelivered, st[0].retry, st[0].markDead, st[0].deleteDead = SettleSQL(t)
-			// Each SettleSQL statement ends in fencedOff's WHERE, so the
+			st[0].deleteDone, st[0].markDelivered, st[0].retry, st[0].markDead, st[0].deleteDead = settleSQL(t)
+			// Each settleSQL statement ends in fencedOff's WHERE, so the
 			// filter appends to it (TestAsyncCommitStatements runs each).
 			st[1] = settleTexts{st[0].deleteDone + asyncCommit, st[0].markDelivered + asyncCommit, st[0].retry + asyncCommit,
 				st[0].markDead + asyncCommit, st[0].deleteDead + asyncCommit}
 			return st
 		}),
-		renew: sqlbuild.NewTexts(RenewSQL),
-		purge: sqlbuild.NewTexts(PurgeSQL),
+		renew: sqlbuild.NewTexts(renewSQL),
+		purge: sqlbuild.NewTexts(purgeSQL),
 	}
 }
 
@@ -611,13 +612,13 @@ func applied(all, fenced []outboxdriver.Fence) []outboxdriver.Fence {
 	return out
 }
 
-// SettleSQL returns the fenced settle statements for table t: done (delete
+// settleSQL returns the fenced settle statements for table t: done (delete
 // or mark delivered), retry, dead (mark or delete). Each takes $1 ids
 // (uuid[] literal) and $2 attempts (integer[] literal); retry also takes
 // $3 delays in seconds, $4 absolute times and $5 errors; dead takes $3 errors.
 // Each returns the (id, attempts) pairs it did not write (see fencedOff).
-func SettleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
-	tbl := QuoteTable(t)
+func settleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
+	tbl := quoteTable(t)
 	const pairs = ` unnest($1::uuid[], $2::integer[]) AS v(id, attempts)`
 	deleteDone = fencedOff(`DELETE FROM ` + tbl + ` AS o USING` + pairs + fenceJoin)
 	markDelivered = fencedOff(`UPDATE ` + tbl + ` AS o SET state = 'delivered', settled_at = now(), last_error = NULL FROM` + pairs + fenceJoin)
@@ -686,10 +687,10 @@ func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver
 	return written, nil
 }
 
-// RenewSQL returns the lease renewal statement: $1 ids and $2 attempts as
-// in SettleSQL, $3 the lease in seconds.
-func RenewSQL(t outboxdriver.Table) string {
-	return `UPDATE ` + QuoteTable(t) + ` AS o SET available_at = now() + make_interval(secs => $3::float8)
+// renewSQL returns the lease renewal statement: $1 ids and $2 attempts as
+// in settleSQL, $3 the lease in seconds.
+func renewSQL(t outboxdriver.Table) string {
+	return `UPDATE ` + quoteTable(t) + ` AS o SET available_at = now() + make_interval(secs => $3::float8)
 FROM unnest($1::uuid[], $2::integer[]) AS v(id, attempts)` + fenceJoin + fenceReturning
 }
 
@@ -700,11 +701,11 @@ func (d *dialect) Renew(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 
 func (*dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	// attempts stays: (id, attempts) fences one claim and must never repeat.
-	return sqlbuild.CountRows(ctx, db, `WITH r AS (UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
+	return sqlbuild.CountRows(ctx, db, `WITH r AS (UPDATE `+quoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = now(), settled_at = NULL, last_error = NULL
     WHERE state = 'dead' AND ($1 = '' OR topic = $1) RETURNING 1) SELECT count(*) FROM r`, topic)
 }
 
-// PurgeSQL returns one batch of a purge of table t: it deletes at most $3
+// purgeSQL returns one batch of a purge of table t: it deletes at most $3
 // rows in the states $1 (a text[] literal; only delivered and dead are ever
 // deleted) settled more than $2 seconds ago, and returns how many. $4 names
 // the purge (see purgeKey).
@@ -727,8 +728,8 @@ func (*dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 // FOR UPDATE SKIP LOCKED then keeps purges of different states, and a
 // redrive or a relay's settle of a dead row, from waiting on each other's
 // row locks: a batch never waits, its length is only its own work.
-func PurgeSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func purgeSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	return `WITH d AS (DELETE FROM ` + tbl + ` WHERE id = ANY (ARRAY(
     SELECT id FROM ` + tbl + `
     WHERE state = ANY($1::text[]) AND state IN ('delivered', 'dead') AND settled_at < now() - make_interval(secs => $2::float8)
@@ -739,13 +740,13 @@ func PurgeSQL(t outboxdriver.Table) string {
 SELECT count(*) FROM d`
 }
 
-// purgeKey names a purge of states of table t for PurgeSQL's lock.
+// purgeKey names a purge of states of table t for purgeSQL's lock.
 func purgeKey(t outboxdriver.Table, states []string) string {
 	return t.String() + " " + strings.Join(states, ",")
 }
 
 // Purge deletes in batches of sqlbuild.PurgeBatch rows, each its own
-// statement and commit (see PurgeSQL), until a batch deletes fewer or ctx
+// statement and commit (see purgeSQL), until a batch deletes fewer or ctx
 // ends: a backlog too large to delete within one command timeout is
 // deleted over several purges instead of never.
 func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, states []outboxdriver.State, olderThan time.Duration) (int64, error) {
@@ -764,10 +765,10 @@ func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
     count(*) FILTER (WHERE state = 'dead'),
     count(*) FILTER (WHERE state = 'pending' AND available_at <= now()),
     COALESCE((EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())) * 1000000)::bigint, 0)
-FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Microsecond)
+FROM `+quoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Microsecond)
 }
 
 // ListenSQL returns the LISTEN statement for table t's channel.
 func (*dialect) ListenSQL(t outboxdriver.Table) string {
-	return `LISTEN "` + Channel(t) + `"`
+	return `LISTEN "` + channel(t) + `"`
 }

@@ -27,7 +27,7 @@ func (d *dialect) Check(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 	if n == 0 {
 		return fmt.Errorf("%w: no table %s", outboxdriver.ErrTableMissing, t)
 	}
-	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(QuoteTable(t)))
+	rows, err := db.QueryDB(ctx, sqlbuild.CheckSQL(quoteTable(t)))
 	if err == nil {
 		err = sqlbuild.Drain(rows)
 	}

@@ -26,7 +26,7 @@ var inspectSQL = &sqlbuild.Inspect{
 // List reads through the primary key's order (id is the text primary key)
 // or the dead index (migration 0005) when f selects dead messages only.
 func (d *dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter, limit int, withPayload bool) ([]outboxdriver.MessageInfo, error) {
-	q, args := inspectSQL.List(QuoteTable(t), f, limit, withPayload)
+	q, args := inspectSQL.List(quoteTable(t), f, limit, withPayload)
 	rows, err := relayDB(db).QueryDB(ctx, q, args...)
 	if err != nil {
 		return nil, d.Classify(err)
@@ -36,12 +36,12 @@ func (d *dialect) List(ctx context.Context, db outboxdriver.DB, t outboxdriver.T
 }
 
 func (d *dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, f outboxdriver.Filter) (int64, error) {
-	q, args := inspectSQL.Count(QuoteTable(t), f)
+	q, args := inspectSQL.Count(quoteTable(t), f)
 	n, err := sqlbuild.CountRows(ctx, relayDB(db), q, args...)
 	return n, d.Classify(err)
 }
 
-// ActSQL returns one batch of action a on the rows of table t matching f:
+// actSQL returns one batch of action a on the rows of table t matching f:
 // at most sqlbuild.InspectBatch rows still in a's source state, changed in
 // one statement (SQLite has one writer: the batch holds the write lock only
 // for its own rows, and publishers take their turn between batches), one
@@ -53,8 +53,8 @@ func (d *dialect) Count(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 // a delete never deletes a pending, blocked or halted ordered message (its
 // key would wait for ever for it), only delivered ones and dead ones that
 // no longer halt their key (settled: dead under ContinueKey, or skipped).
-func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
-	tbl := QuoteTable(t)
+func actSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (string, []any) {
+	tbl := quoteTable(t)
 	var args []any
 	where := inspectSQL.Where(&args, f, "", false)
 	act := inspectSQL.ActWhere(a, "")
@@ -73,7 +73,7 @@ func ActSQL(t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) 
 }
 
 func (d *dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, a outboxdriver.Action, f outboxdriver.Filter) (int64, error) {
-	q, args := ActSQL(t, a, f)
+	q, args := actSQL(t, a, f)
 	rdb := relayDB(db)
 	n, err := sqlbuild.Batches(ctx, sqlbuild.InspectBatch, func() (int64, error) {
 		return count(ctx, rdb, q, args...)
@@ -85,8 +85,8 @@ func (d *dialect) Act(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
 	// re-entering its key at its place. A read first: without one, no
 	// transaction (and no write lock) at all.
 	var oargs []any
-	dead := ` FROM ` + QuoteTable(t) + ` WHERE ` + inspectSQL.Where(&oargs, f, "", false) + ` AND state = 'dead' AND key_seq IS NOT NULL`
-	oq := RedriveOrderedSQL(t, `rowid IN (SELECT rowid`+dead+` ORDER BY id LIMIT `+strconv.Itoa(sqlbuild.InspectBatch)+`)`)
+	dead := ` FROM ` + quoteTable(t) + ` WHERE ` + inspectSQL.Where(&oargs, f, "", false) + ` AND state = 'dead' AND key_seq IS NOT NULL`
+	oq := redriveOrderedSQL(t, `rowid IN (SELECT rowid`+dead+` ORDER BY id LIMIT `+strconv.Itoa(sqlbuild.InspectBatch)+`)`)
 	found, err := count(ctx, rdb, `SELECT 1`+dead+` LIMIT 1`, oargs...)
 	if err != nil || found == 0 {
 		return n, d.Classify(err)

@@ -28,7 +28,7 @@ import (
 var _ outboxdriver.OrderedDialect = (*dialect)(nil)
 
 // keysTable is the quoted table of key sequences beside t.
-func keysTable(t outboxdriver.Table) string { return QuoteTable(outboxdriver.KeysTable(t)) }
+func keysTable(t outboxdriver.Table) string { return quoteTable(outboxdriver.KeysTable(t)) }
 
 // trigger is the name of migration 0004's trigger on t.
 func trigger(t outboxdriver.Table) string { return t.Name + "_seq_trg" }
@@ -38,7 +38,7 @@ func trigger(t outboxdriver.Table) string { return t.Name + "_seq_trg" }
 // nothing, so nothing is numbered), and Publish sends nothing more.
 func (*dialect) SequenceSQL(outboxdriver.Table, []outboxdriver.ID) (string, []any) { return "", nil }
 
-// RunSQL returns the read of the runs of claimed ordered heads: ?1 the
+// runSQL returns the read of the runs of claimed ordered heads: ?1 the
 // heads as a JSON array of [id, key, key_seq], ?2 the claimed topics (a
 // JSON array), ?3 the run limit (at least 1), ?4 true for a claim of every
 // topic (?2 is then not read). For each head, the blocked
@@ -48,8 +48,8 @@ func (*dialect) SequenceSQL(outboxdriver.Table, []outboxdriver.ID) (string, []an
 // of all runs shared round-robin (every head's first, then every head's
 // second...), at most ?3, so that each run stays a prefix of its key.
 // Rows: head id, then the claimed columns.
-func RunSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func runSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	return `WITH h AS (SELECT value->>0 AS head, value->>1 AS k, value->>2 AS seq FROM json_each(?1)),
 m AS (
     SELECT h.head, b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq,
@@ -67,13 +67,13 @@ FROM r WHERE run ORDER BY pos, head LIMIT ?3`
 
 // orderedTexts caches the ordered statements per table.
 var orderedTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) (o struct{ claim, claimAll, runs string }) {
-	o.claim, o.claimAll, o.runs = claimSQL(t, true, true), claimSQL(t, false, true), RunSQL(t)
+	o.claim, o.claimAll, o.runs = claimSQL(t, true, true), claimSQL(t, false, true), runSQL(t)
 	return o
 })
 
 // ClaimOrdered settles p.Done and claims as Claim does, with the key_seq
 // of each claimed row and never dead-lettering, then reads the runs of the
-// claimed ordered heads (RunSQL). The read needs no transaction with the
+// claimed ordered heads (runSQL). The read needs no transaction with the
 // claim: a run is blocked messages of a key whose head this claim now
 // holds, and while it is held nothing but a publisher changes them (it
 // appends committed messages after them). When the read fails, the claim
@@ -160,15 +160,15 @@ func inTx(ctx context.Context, db outboxdriver.DB, f func(tx outboxdriver.DB) er
 	}
 }
 
-// PromoteSQL returns the statement that gives each key of ?1 (a JSON
+// promoteSQL returns the statement that gives each key of ?1 (a JSON
 // array) its head when it has none: the key's first blocked message (in
 // key_seq order) becomes pending, unless the key has a pending or
 // processing ordered message or is halted (halted_seq set). Every write
 // that can leave a key without its head ends with it (the settle of runs,
 // redrive, skip), so the rule "a key with live messages and no halted
 // head has exactly one head" is kept in one place.
-func PromoteSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func promoteSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	return `UPDATE ` + tbl + ` SET state = 'pending' WHERE rowid IN (
     SELECT (SELECT b.rowid FROM ` + tbl + ` b
             WHERE b.message_key = ks.message_key AND b.state = 'blocked' AND b.key_seq IS NOT NULL
@@ -180,16 +180,16 @@ func PromoteSQL(t outboxdriver.Table) string {
 RETURNING 1`
 }
 
-// KeysSQL returns the update of the key rows after a write: ?1 a JSON
+// keysSQL returns the update of the key rows after a write: ?1 a JSON
 // array of [key, change of live, halted_seq or null]; a halted_seq sets
 // the key's, a null keeps it.
-func KeysSQL(t outboxdriver.Table) string {
+func keysSQL(t outboxdriver.Table) string {
 	return `UPDATE ` + keysTable(t) + ` AS ks SET live = ks.live + v.n, halted_seq = coalesce(v.halted, ks.halted_seq)
 FROM (SELECT value->>0 AS k, value->>1 AS n, value->>2 AS halted FROM json_each(?1)) AS v
 WHERE ks.message_key = v.k RETURNING 1`
 }
 
-// RunSettleSQL returns the statements of SettleRuns after the heads are
+// runSettleSQL returns the statements of SettleRuns after the heads are
 // checked, each fenced in its own WHERE on the rows it changes (I2): a
 // run's head must still be processing with its claimed attempts, a run
 // member still blocked. The successes (?1 a JSON array of [id, the
@@ -200,8 +200,8 @@ WHERE ks.message_key = v.k RETURNING 1`
 // (pending after the delay, attempts + 1 for a run member) or dead
 // (settled_at NULL under Halt, so that Purge never deletes a halted head),
 // returning key, key_seq, state and whether settled.
-func RunSettleSQL(t outboxdriver.Table, keep bool) (done, failed string) {
-	tbl := QuoteTable(t)
+func runSettleSQL(t outboxdriver.Table, keep bool) (done, failed string) {
+	tbl := quoteTable(t)
 	mine := ` WHERE rowid IN (
     SELECT o.rowid FROM json_each(?1) AS v JOIN ` + tbl + ` AS o ON o.id = v.value->>0
     WHERE CASE WHEN v.value->>1 IS NULL THEN o.state = 'blocked' ELSE o.state = 'processing' AND o.attempts = v.value->>1 END)
@@ -227,11 +227,11 @@ RETURNING message_key, key_seq, state, settled_at IS NOT NULL`
 }
 
 var runSettleTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) (s struct{ heads, done, keep, failed, failedKeep, keys, promote string }) {
-	s.heads = `SELECT o.id, o.attempts FROM ` + values + `, ` + QuoteTable(t) + ` AS o
+	s.heads = `SELECT o.id, o.attempts FROM ` + values + `, ` + quoteTable(t) + ` AS o
 WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`
-	s.done, s.failed = RunSettleSQL(t, false)
-	s.keep, _ = RunSettleSQL(t, true)
-	s.keys, s.promote = KeysSQL(t), PromoteSQL(t)
+	s.done, s.failed = runSettleSQL(t, false)
+	s.keep, _ = runSettleSQL(t, true)
+	s.keys, s.promote = keysSQL(t), promoteSQL(t)
 	return s
 })
 
@@ -239,7 +239,7 @@ WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing'`
 // lock (so it waits for open publishes, and sees what they stored, and
 // never returns busy: no other transaction can hold a key), keeps the runs
 // whose head is still held, writes their successes and failures
-// (RunSettleSQL, fenced on each row it changes), counts them in their
+// (runSettleSQL, fenced on each row it changes), counts them in their
 // keys and gives the keys left without a head their next one.
 func (d *dialect) SettleRuns(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, p outboxdriver.SettleParams, runs []outboxdriver.RunOutcome) ([]outboxdriver.Fence, []int, error) {
 	if len(runs) == 0 {
@@ -381,7 +381,7 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 	return scanEach(ctx, db, q, args, func(scanner) error { return nil })
 }
 
-// RedriveOrderedSQL returns the redrive of the dead ordered messages of
+// redriveOrderedSQL returns the redrive of the dead ordered messages of
 // table t matching pick (a condition on its unprefixed columns): they
 // become blocked again, with fresh attempts, due now, each at the place
 // outboxdriver.OrderedDialect's RedriveOrdered gives (I5): the key's
@@ -389,10 +389,10 @@ func exec(ctx context.Context, db outboxdriver.DB, q string, args ...any) error 
 // other (dead under the Continue policy, or a skipped head) takes a new
 // key_seq after the key's last_seq, in its old order among those of its
 // key redriven with it. It returns each one's key and key_seq. The keys'
-// counts, last_seq and heads are written after it (RedriveKeysSQL, then
-// PromoteSQL).
-func RedriveOrderedSQL(t outboxdriver.Table, pick string) string {
-	tbl := QuoteTable(t)
+// counts, last_seq and heads are written after it (redriveKeysSQL, then
+// promoteSQL).
+func redriveOrderedSQL(t outboxdriver.Table, pick string) string {
+	tbl := quoteTable(t)
 	return `UPDATE ` + tbl + ` AS o SET state = 'blocked', attempts_base = o.attempts, available_at = ` + now + `, settled_at = NULL, last_error = NULL,
     key_seq = v.seq
 FROM (
@@ -404,12 +404,12 @@ WHERE o.rowid = v.rid AND o.state = 'dead'
 RETURNING message_key, key_seq`
 }
 
-// RedriveKeysSQL returns the update of the key rows after a redrive: ?1 a
+// redriveKeysSQL returns the update of the key rows after a redrive: ?1 a
 // JSON array of [key, key_seq] of the redriven messages. Each counts in
 // its key's live again and took a new key_seq (last_seq grows by one),
 // but a halted head, which never stopped counting and kept its key_seq:
 // it no longer halts its key.
-func RedriveKeysSQL(t outboxdriver.Table) string {
+func redriveKeysSQL(t outboxdriver.Table) string {
 	keys := keysTable(t)
 	return `UPDATE ` + keys + ` AS ks SET live = ks.live + v.n - v.unhalt, last_seq = ks.last_seq + v.n - v.unhalt,
     halted_seq = CASE WHEN v.unhalt > 0 THEN NULL ELSE ks.halted_seq END
@@ -419,7 +419,7 @@ WHERE ks.message_key = v.k RETURNING 1`
 }
 
 // redriveOrdered redrives, on transaction tx, the dead ordered messages
-// that q (RedriveOrderedSQL) picks, each at its place in its key (I5),
+// that q (redriveOrderedSQL) picks, each at its place in its key (I5),
 // re-counts them in their keys and gives the keys left without a head
 // their first blocked message: a redriven message re-enters its key at
 // its place, never beside the key's head.
@@ -437,11 +437,11 @@ func redriveOrdered(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Tabl
 	}); err != nil || len(redriven) == 0 {
 		return 0, err
 	}
-	if err := exec(ctx, tx, RedriveKeysSQL(t), jsonText(redriven)); err != nil {
+	if err := exec(ctx, tx, redriveKeysSQL(t), jsonText(redriven)); err != nil {
 		return 0, err
 	}
 	slices.Sort(keys)
-	if err := exec(ctx, tx, PromoteSQL(t), jsonText(slices.Compact(keys))); err != nil {
+	if err := exec(ctx, tx, promoteSQL(t), jsonText(slices.Compact(keys))); err != nil {
 		return 0, err
 	}
 	return int64(len(redriven)), nil
@@ -449,28 +449,28 @@ func redriveOrdered(ctx context.Context, tx outboxdriver.DB, t outboxdriver.Tabl
 
 // RedriveOrdered redrives, in one transaction, the dead unordered
 // messages of topic ("" for all) as Redrive does, and its dead ordered
-// ones at their places in their keys (RedriveOrderedSQL).
+// ones at their places in their keys (redriveOrderedSQL).
 func (d *dialect) RedriveOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	var n int64
 	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
-		un, err := count(ctx, tx, `UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = `+now+`, settled_at = NULL, last_error = NULL
+		un, err := count(ctx, tx, `UPDATE `+quoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = `+now+`, settled_at = NULL, last_error = NULL
 WHERE state = 'dead' AND key_seq IS NULL AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
 		if err != nil {
 			return err
 		}
-		ord, err := redriveOrdered(ctx, tx, t, RedriveOrderedSQL(t, "(?1 = '' OR topic = ?1)"), topic)
+		ord, err := redriveOrdered(ctx, tx, t, redriveOrderedSQL(t, "(?1 = '' OR topic = ?1)"), topic)
 		n = un + ord
 		return err
 	})
 	return n, d.Classify(err)
 }
 
-// SkipHeadSQL returns the skip of key ?1's head dead under Halt, when ?2
+// skipHeadSQL returns the skip of key ?1's head dead under Halt, when ?2
 // is empty or that head's id: the message stays dead, settled now (Purge
 // may delete it from now on); it returns its id. The key row and the
 // key's next head are written after it.
-func SkipHeadSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func skipHeadSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	return `UPDATE ` + tbl + ` SET settled_at = ` + now + ` WHERE rowid = (
     SELECT o.rowid FROM ` + keysTable(t) + ` ks JOIN ` + tbl + ` o
         ON o.message_key = ks.message_key AND o.state = 'dead' AND o.key_seq = ks.halted_seq
@@ -487,7 +487,7 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 	var ok bool
 	err := inTx(ctx, db, func(tx outboxdriver.DB) error {
 		ok = false
-		err := scanEach(ctx, tx, SkipHeadSQL(t), []any{key, want}, func(s scanner) error {
+		err := scanEach(ctx, tx, skipHeadSQL(t), []any{key, want}, func(s scanner) error {
 			var text string
 			if err := s.Scan(&text); err != nil {
 				return err
@@ -504,7 +504,7 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 		if err := exec(ctx, tx, `UPDATE `+keysTable(t)+` SET live = live - 1, halted_seq = NULL WHERE message_key = ?1`, key); err != nil {
 			return err
 		}
-		return exec(ctx, tx, PromoteSQL(t), jsonText([]string{key}))
+		return exec(ctx, tx, promoteSQL(t), jsonText([]string{key}))
 	})
 	if err != nil {
 		return outboxdriver.ID{}, false, d.Classify(err)
@@ -512,12 +512,12 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 	return id, ok, nil
 }
 
-// OrderedStatsSQL returns, per topic: blocked messages, held keys (a head
+// orderedStatsSQL returns, per topic: blocked messages, held keys (a head
 // of the topic with messages behind it), blocked keys (a head of the topic
 // dead under Halt or pending a retry) and the age in milliseconds of the
 // oldest of those heads.
-func OrderedStatsSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func orderedStatsSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	const failed = `(o.state = 'dead' OR o.last_error IS NOT NULL)`
 	return `SELECT topic, sum(blocked), sum(held), sum(bk), max(age) FROM (
     SELECT topic, count(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY topic
@@ -536,7 +536,7 @@ func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 	if err != nil {
 		return nil, d.Classify(err)
 	}
-	ts, err = sqlbuild.OrderedStats(ctx, db, OrderedStatsSQL(t), ts, time.Millisecond)
+	ts, err = sqlbuild.OrderedStats(ctx, db, orderedStatsSQL(t), ts, time.Millisecond)
 	return ts, d.Classify(err)
 }
 
@@ -544,7 +544,7 @@ func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outbox
 // up the trigger that numbers ordered messages: without it they would
 // stay blocked, unnumbered, for ever ([outboxdriver.ErrSchemaMismatch]).
 func (d *dialect) CheckOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) error {
-	err := exec(ctx, db, `SELECT key_seq FROM `+QuoteTable(t)+` WHERE 0`)
+	err := exec(ctx, db, `SELECT key_seq FROM `+quoteTable(t)+` WHERE 0`)
 	if err == nil {
 		err = exec(ctx, db, `SELECT message_key, last_seq, live, halted_seq FROM `+keysTable(t)+` WHERE 0`)
 	}

@@ -21,21 +21,21 @@ import (
 // a search of the primary key index first). Lists (topics,
 // fences) travel as one JSON text parameter read with json_each.
 
-// ClaimSQL returns the claim statement for table t: ?1 topics (JSON array),
+// claimText returns the claim statement for table t: ?1 topics (JSON array),
 // ?2 limit, ?3 lease in milliseconds, ?4 max attempts.
-func ClaimSQL(t outboxdriver.Table) string { return claimSQL(t, true, false) }
+func claimText(t outboxdriver.Table) string { return claimSQL(t, true, false) }
 
-// ClaimAllSQL is ClaimSQL for a claim of every topic (a relay with a
+// claimAllSQL is claimText for a claim of every topic (a relay with a
 // catch-all handler): no topic filter (?1 is not read). The claim index,
 // (available_at, id), does not lead with the topic: both forms read it
 // in claim order.
-func ClaimAllSQL(t outboxdriver.Table) string { return claimSQL(t, false, false) }
+func claimAllSQL(t outboxdriver.Table) string { return claimSQL(t, false, false) }
 
-// claimSQL is ClaimSQL (ClaimAllSQL without byTopic), returning also each
+// claimSQL is claimText (claimAllSQL without byTopic), returning also each
 // row's key_seq (0 for an unordered row) when ordered: the claim of
 // ClaimOrdered.
 func claimSQL(t outboxdriver.Table, byTopic, ordered bool) string {
-	tbl := QuoteTable(t)
+	tbl := quoteTable(t)
 	keySeq := ""
 	if ordered {
 		keySeq = ", coalesce(key_seq, 0)"
@@ -117,26 +117,26 @@ func jsonText(v any) string {
 // relayTexts caches the relay's statements per table (built once, not on
 // every claim, settle and renewal).
 type relayTexts struct {
-	claim  *sqlbuild.Texts[[2]string] // ClaimSQL, ClaimAllSQL
+	claim  *sqlbuild.Texts[[2]string] // claimText, claimAllSQL
 	settle *sqlbuild.Texts[settleTexts]
 	renew  *sqlbuild.Texts[string]
 	purge  *sqlbuild.Texts[string]
 }
 
-// settleTexts are SettleSQL's statements.
+// settleTexts are settleSQL's statements.
 type settleTexts struct {
 	deleteDone, markDelivered, retry, markDead, deleteDead string
 }
 
 func newTexts() relayTexts {
 	return relayTexts{
-		claim: sqlbuild.NewTexts(func(t outboxdriver.Table) [2]string { return [2]string{ClaimSQL(t), ClaimAllSQL(t)} }),
+		claim: sqlbuild.NewTexts(func(t outboxdriver.Table) [2]string { return [2]string{claimText(t), claimAllSQL(t)} }),
 		settle: sqlbuild.NewTexts(func(t outboxdriver.Table) (st settleTexts) {
-			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = SettleSQL(t)
+			st.deleteDone, st.markDelivered, st.retry, st.markDead, st.deleteDead = settleSQL(t)
 			return st
 		}),
-		renew: sqlbuild.NewTexts(RenewSQL),
-		purge: sqlbuild.NewTexts(PurgeSQL),
+		renew: sqlbuild.NewTexts(renewSQL),
+		purge: sqlbuild.NewTexts(purgeSQL),
 	}
 }
 
@@ -219,15 +219,15 @@ func settleRows(s []outboxdriver.Settlement) string {
 // values unpacks settleRows as a table v(id, attempts, delay, at, err).
 const values = `(SELECT value->>0 AS id, value->>1 AS attempts, value->>2 AS delay, value->>3 AS at, value->>4 AS err FROM json_each(?1)) AS v`
 
-// SettleSQL returns the fenced settle statements for table t, each over
+// settleSQL returns the fenced settle statements for table t, each over
 // ?1, the settlements as a JSON array of [id, attempts, delay ms, at ms,
 // error]: done (delete or mark delivered), retry, dead (mark or delete).
 // The two deletes take instead ?1 the ids, as a JSON array, and ?2 the
 // attempts all of them were claimed with: one statement per attempts value
 // compares an integer per row, which costs a fifth of the delete less than
 // matching "id:attempts" keys (and settlements mostly share their attempts).
-func SettleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
-	tbl := QuoteTable(t)
+func settleSQL(t outboxdriver.Table) (deleteDone, markDelivered, retry, markDead, deleteDead string) {
+	tbl := quoteTable(t)
 	const fence = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
 	const byAttempts = ` AND id IN (SELECT value FROM json_each(?1)) AND attempts = ?2 RETURNING id, attempts`
 	deleteDone = `DELETE FROM ` + tbl + ` WHERE state = 'processing'` + byAttempts
@@ -308,10 +308,10 @@ func (d *dialect) Settle(ctx context.Context, db outboxdriver.DB, t outboxdriver
 	return applied, nil
 }
 
-// RenewSQL returns the lease renewal: ?1 settlements as in SettleSQL (only
+// renewSQL returns the lease renewal: ?1 settlements as in settleSQL (only
 // id and attempts are read), ?2 the lease in milliseconds.
-func RenewSQL(t outboxdriver.Table) string {
-	return `UPDATE ` + QuoteTable(t) + ` AS o SET available_at = ` + now + ` + ?2 FROM ` + values +
+func renewSQL(t outboxdriver.Table) string {
+	return `UPDATE ` + quoteTable(t) + ` AS o SET available_at = ` + now + ` + ?2 FROM ` + values +
 		` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 'processing' RETURNING id, attempts`
 }
 
@@ -336,17 +336,17 @@ func count(ctx context.Context, db outboxdriver.DB, q string, args ...any) (int6
 
 func (*dialect) Redrive(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table, topic string) (int64, error) {
 	// attempts stays: (id, attempts) fences one claim and must never repeat.
-	return count(ctx, db, `UPDATE `+QuoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = `+now+`, settled_at = NULL, last_error = NULL
+	return count(ctx, db, `UPDATE `+quoteTable(t)+` SET state = 'pending', attempts_base = attempts, available_at = `+now+`, settled_at = NULL, last_error = NULL
 WHERE state = 'dead' AND (?1 = '' OR topic = ?1) RETURNING 1`, topic)
 }
 
-// PurgeSQL returns one batch of a purge of table t: it deletes at most ?3
+// purgeSQL returns one batch of a purge of table t: it deletes at most ?3
 // rows in the states ?1 (a JSON array; only delivered and dead are ever
 // deleted) settled more than ?2 milliseconds ago, found through the
 // settled index, and returns a row for each. The LIMIT subquery is
 // evaluated once, so the batch never exceeds it.
-func PurgeSQL(t outboxdriver.Table) string {
-	tbl := QuoteTable(t)
+func purgeSQL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
 	return `DELETE FROM ` + tbl + ` WHERE rowid IN (
     SELECT rowid FROM ` + tbl + `
     WHERE state IN (SELECT value FROM json_each(?1)) AND state IN ('delivered', 'dead') AND settled_at < ` + now + ` - ?2
@@ -355,7 +355,7 @@ RETURNING 1`
 }
 
 // Purge deletes in batches of sqlbuild.PurgeBatch rows, each one short
-// statement in autocommit (see PurgeSQL), until a batch deletes fewer or
+// statement in autocommit (see purgeSQL), until a batch deletes fewer or
 // ctx ends: SQLite has one writer, and a purge of a large backlog in one
 // statement would hold the write lock, and every publisher waiting on it,
 // for as long as it runs; between batches publishers and claims take their
@@ -375,7 +375,7 @@ func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Ta
     sum(state = 'pending'), sum(state = 'processing'), sum(state = 'delivered'), sum(state = 'dead'),
     sum(state = 'pending' AND available_at <= `+now+`),
     coalesce(`+now+` - min(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), 0)
-FROM `+QuoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Millisecond)
+FROM `+quoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Millisecond)
 }
 
 // ListenSQL returns "": SQLite has no notifications; relays poll.

@@ -45,9 +45,9 @@ import (
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// MaxParams is SQLite's default limit of bind parameters in one statement
+// maxParams is SQLite's default limit of bind parameters in one statement
 // (SQLITE_MAX_VARIABLE_NUMBER since 3.32).
-const MaxParams = 32766
+const maxParams = 32766
 
 // DefaultPollInterval is the relay's default poll interval on SQLite: with
 // no notifications, a relay finds new messages only by polling.
@@ -101,11 +101,11 @@ type dialect struct {
 func (*dialect) Name() string { return "sqlite" }
 
 func (*dialect) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{MaxParams: MaxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true, Ordered: true, MinLease: MinLease}
+	return outboxdriver.Capabilities{MaxParams: maxParams, ParamsPerRow: 7, PollInterval: DefaultPollInterval, AllTopics: true, Ordered: true, MinLease: MinLease}
 }
 
-// QuoteTable returns t as a quoted identifier.
-func QuoteTable(t outboxdriver.Table) string {
+// quoteTable returns t as a quoted identifier.
+func quoteTable(t outboxdriver.Table) string {
 	if t.Schema == "" {
 		return `"` + t.Name + `"`
 	}
@@ -122,7 +122,7 @@ func QuoteTable(t outboxdriver.Table) string {
 // every row is stored or the statement fails), and available_at only when
 // some message is scheduled (its default is the database clock).
 func (d *dialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, _ outboxdriver.Wake) (string, []any) {
-	return d.insert.Build(QuoteTable(t), t, rows, outboxdriver.Wake{}, func(b []byte) any { return string(b) })
+	return d.insert.Build(quoteTable(t), t, rows, outboxdriver.Wake{}, func(b []byte) any { return string(b) })
 }
 
 // ErrBusy is wrapped, with the driver's error, by the errors Publish and

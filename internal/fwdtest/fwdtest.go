@@ -24,6 +24,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/internal/pgsql"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -141,7 +142,7 @@ func (e *Env) Drain(t testing.TB, cfg outbox.RelayConfig, topic string, h BatchH
 // Rows counts the table's rows in each state.
 func (e *Env) Rows(t testing.TB) map[string]int {
 	t.Helper()
-	rows, err := e.Pool.Query(context.Background(), `SELECT state::text, count(*) FROM `+postgres.QuoteTable(e.Ob.Table())+` GROUP BY state`)
+	rows, err := e.Pool.Query(context.Background(), `SELECT state::text, count(*) FROM `+pgsql.QuoteTable(e.Ob.Table())+` GROUP BY state`)
 	if err != nil {
 		t.Fatal(err)
 	}
