@@ -52,6 +52,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/opfmt"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -486,7 +487,7 @@ func (h *Handler) purge(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p := h.newPage(r)
-		p.Action, p.Count, p.What, p.Back = "purge", n, outbox.PurgeString(ss, older), base(r)+"/"
+		p.Action, p.Count, p.What, p.Back = "purge", n, opfmt.Purge(ss, older), base(r)+"/"
 		p.Q = map[string]string{"older_than": age, "purge_states": states, "as_of": asOf.UTC().Format(time.RFC3339Nano)}
 		h.render(w, http.StatusOK, "confirm", p)
 		return
@@ -512,7 +513,7 @@ func (h *Handler) purge(w http.ResponseWriter, r *http.Request) {
 // messages the action would change are still the ones it counted.
 func selection(action string, f outbox.Filter, ids []outbox.ID) string {
 	d := sha256.New()
-	fmt.Fprintf(d, "%s\n%s\n", action, outbox.FilterString(f))
+	fmt.Fprintf(d, "%s\n%s\n", action, opfmt.Filter(f))
 	for _, id := range ids {
 		fmt.Fprintln(d, id)
 	}
@@ -574,7 +575,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	confirmed := r.PostForm.Get("confirm") == "yes"
 	if stale := confirmed && r.PostForm.Get("selection") != sel; !confirmed || stale || len(ids) == 0 {
 		p := h.newPage(r)
-		p.Action, p.Count, p.What, p.Back, p.Refused = name, int64(len(ids)), outbox.FilterString(f), back, plan.Refused
+		p.Action, p.Count, p.What, p.Back, p.Refused = name, int64(len(ids)), opfmt.Filter(f), back, plan.Refused
 		p.Q = maps.Clone(q)
 		p.Q["selection"] = sel
 		status := http.StatusOK

@@ -29,7 +29,7 @@ func TestErrorsSayPrefixOnce(t *testing.T) {
 			wrapOp(context.Background(), "publish", classified),
 			wrapOp(ended, "claim", classified),
 			wrapOp(context.Background(), "relay", wrapOp(context.Background(), "claim", classified)),
-			Health{Running: true, ConsecutiveErrors: UnhealthyAfter, LastError: wrapOp(context.Background(), "claim", classified)}.Err(),
+			Health{Running: true, ConsecutiveErrors: unhealthyAfter, LastError: wrapOp(context.Background(), "claim", classified)}.Err(),
 		} {
 			if n := strings.Count(err.Error(), "outbox:"); n != 1 {
 				t.Errorf("%q says outbox: %d times", err, n)

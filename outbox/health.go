@@ -52,11 +52,11 @@ var (
 	ErrRelayFailing = errors.New("outbox: relay cannot claim")
 )
 
-// UnhealthyAfter is the number of failed claims in a row after which
+// unhealthyAfter is the number of failed claims in a row after which
 // [Health.Err] reports the relay as failing. The relay retries a failed
 // claim with backoff (100 ms, 200 ms, 400 ms... up to the poll interval or
 // 10 s), so three failures span about a second of trouble.
-const UnhealthyAfter = 3
+const unhealthyAfter = 3
 
 // Health is a snapshot of a relay's state, from [Relay.Health].
 type Health struct {
@@ -84,7 +84,7 @@ type Health struct {
 
 // Err returns nil when the relay is running and claiming: not started or
 // returned ([ErrRelayNotRunning]), shutting down ([ErrRelayDraining]), or
-// UnhealthyAfter claims failed in a row ([ErrRelayFailing], wrapping the
+// three claims failed in a row ([ErrRelayFailing], wrapping the
 // last claim error) make it an error. A listener that is down is not an
 // error: polling still delivers, only later. It suits a readiness probe.
 func (h Health) Err() error {
@@ -93,7 +93,7 @@ func (h Health) Err() error {
 		return ErrRelayNotRunning
 	case h.Draining:
 		return ErrRelayDraining
-	case h.ConsecutiveErrors >= UnhealthyAfter:
+	case h.ConsecutiveErrors >= unhealthyAfter:
 		return &failingError{h.ConsecutiveErrors, h.LastError}
 	}
 	return nil

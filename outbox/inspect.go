@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/oncommit/oncommit/internal/opfmt"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
@@ -90,7 +91,7 @@ type Page struct {
 // audit record of operators' actions: message "outbox: operator action"
 // at level Info ("outbox: operator action failed" at level Error, with an
 // "error" attribute), with the attributes action (redrive, retry, delete,
-// skip, purge), actor, table, filter (as [FilterString] writes it),
+// skip, purge), actor, table, filter (as `state=dead topic="order.placed"`),
 // changed (how many messages changed, so far when it failed) and took. A
 // service that keeps an audit trail elsewhere gives a Logger whose
 // handler writes there.
@@ -192,21 +193,16 @@ func (o *Outbox) Get(ctx context.Context, db DB, id ID) (MessageInfo, error) {
 //   - [ActSkip]: dead messages that halt their key are skipped, each as
 //     [Outbox.SkipHead] does it and only while it is still its key's
 //     head, one short transaction per key; other messages are left alone.
-//     It needs Config.OrderByKey ([ErrUnsupported] otherwise, and on the
-//     dialects without ordered delivery).
+//     It needs Config.OrderByKey ([ErrUnsupported] otherwise).
 //
-// Ordered messages (Config.OrderByKey) keep their keys' order through
-// every action: on PostgreSQL a redrive re-enters dead ordered messages in
-// their keys, as [Outbox.Redrive] does (a halted head first), and a delete
-// leaves a key's pending, blocked and halted messages alone (the key would
-// wait forever for them); skip or redrive a halted head instead.
+// Ordered messages keep their keys' order through every action: a redrive
+// re-enters them as [Outbox.Redrive] does, and a delete leaves a key's
+// pending, blocked and halted messages alone ([Outbox.Plan] says why).
 //
-// It works in batches of at most a few thousand messages, each one short
-// statement (or transaction) that commits on its own, until none is left or
-// ctx ends: interrupted, it returns the messages changed so far with the
-// error, and running it again goes on from there. f must set some field
-// (acting on every message is never implied) and not After. One line is
-// logged per call (see [ActOptions]).
+// It works in short batches, each committing on its own, until none is
+// left or ctx ends: interrupted, it returns the count so far with the
+// error, and running it again goes on. f must set some field and not
+// After. One line is logged per call (see [ActOptions]).
 func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOptions) (int64, error) {
 	in, err := o.inspector()
 	if err != nil {
@@ -217,7 +213,7 @@ func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOp
 	}
 	start := time.Now()
 	n, err := o.act(ctx, db, in, a, f)
-	o.logAction(ctx, opts, a.String(), FilterString(f), n, start, err)
+	o.logAction(ctx, opts, a.String(), opfmt.Filter(f), n, start, err)
 	return n, err
 }
 
@@ -253,17 +249,11 @@ func checkAct(a Action, f Filter, selects bool) error {
 }
 
 // Targets returns, in id order, the ids of the messages matching f that a
-// would change if it ran now, those in its source state: the dead ones
-// for [ActRedrive]; the pending ones, due or not, for [ActRetry]; the
-// pending, dead and delivered ones for [ActDelete], but not the ordered
-// ones that hold their place in their key (a pending head, a dead head
-// that halts its key); the dead ones that halt their key for [ActSkip]. A
-// confirmation shows them, or their count, and then hands them to
-// [Outbox.ActOn], so that the action changes no message the operator was
-// not shown: one published, dead-lettered or redriven after the
-// confirmation was shown is left alone. f is checked as [Outbox.Act]
-// checks it. It pages through the matching messages, [MaxPageSize] at a
-// time. [Outbox.Plan] also says which messages a leaves alone, and why.
+// would change if it ran now: those in its source state, less the ordered
+// ones that hold their place in their key (see [Outbox.Plan]). A
+// confirmation shows them, then hands them to [Outbox.ActOn], so the action
+// changes no message the operator was not shown. f is checked as
+// [Outbox.Act] checks it.
 func (o *Outbox) Targets(ctx context.Context, db DB, a Action, f Filter) ([]ID, error) {
 	p, err := o.plan(ctx, db, a, f, false)
 	return p.IDs, err
@@ -472,7 +462,7 @@ func (o *Outbox) ActOn(ctx context.Context, db DB, a Action, f Filter, ids []ID,
 		}
 	}
 	f.IDs = ids
-	o.logAction(ctx, opts, a.String(), FilterString(f), n, start, err)
+	o.logAction(ctx, opts, a.String(), opfmt.Filter(f), n, start, err)
 	return n, err
 }
 
@@ -497,44 +487,6 @@ func (o *Outbox) logAction(ctx context.Context, opts *ActOptions, action, what s
 func filterEmpty(f Filter) bool {
 	return len(f.IDs) == 0 && len(f.States) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" &&
 		f.CreatedFrom.IsZero() && f.CreatedTo.IsZero() && f.SettledFrom.IsZero() && f.SettledTo.IsZero()
-}
-
-// FilterString returns f in a short form for logs and confirmations, such
-// as `state=dead topic="order.placed"`; "all" when f selects every message.
-func FilterString(f Filter) string {
-	var b []string
-	if len(f.IDs) == 1 {
-		b = append(b, "id="+f.IDs[0].String())
-	} else if len(f.IDs) > 1 {
-		b = append(b, fmt.Sprintf("ids=%d", len(f.IDs)))
-	}
-	if len(f.States) > 0 {
-		ss := make([]string, len(f.States))
-		for i, s := range f.States {
-			ss[i] = string(s)
-		}
-		b = append(b, "state="+strings.Join(ss, ","))
-	}
-	for _, kv := range [][2]string{{"topic", f.Topic}, {"key", f.Key}, {"error", f.ErrorContains}} {
-		if kv[1] != "" {
-			b = append(b, fmt.Sprintf("%s=%q", kv[0], kv[1]))
-		}
-	}
-	for _, kv := range []struct {
-		k string
-		t time.Time
-	}{{"created>=", f.CreatedFrom}, {"created<", f.CreatedTo}, {"settled>=", f.SettledFrom}, {"settled<", f.SettledTo}} {
-		if !kv.t.IsZero() {
-			b = append(b, kv.k+kv.t.UTC().Format(time.RFC3339Nano))
-		}
-	}
-	if !f.After.IsZero() {
-		b = append(b, "after="+f.After.String())
-	}
-	if len(b) == 0 {
-		return "all"
-	}
-	return strings.Join(b, " ")
 }
 
 // checkFilter refuses, before any SQL, what no dialect could take.

@@ -12,6 +12,7 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/opfmt"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -62,11 +63,11 @@ func TestInspectBadInputSendsNothing(t *testing.T) {
 	}
 	for _, c := range filters {
 		_, err := ob.List(ctx, odb, c.f, 10)
-		check("list "+outbox.FilterString(c.f), c.field, err)
+		check("list "+opfmt.Filter(c.f), c.field, err)
 		_, err = ob.Count(ctx, odb, c.f)
-		check("count "+outbox.FilterString(c.f), c.field, err)
+		check("count "+opfmt.Filter(c.f), c.field, err)
 		_, err = ob.Act(ctx, odb, outbox.ActRedrive, c.f, nil)
-		check("act "+outbox.FilterString(c.f), c.field, err)
+		check("act "+opfmt.Filter(c.f), c.field, err)
 	}
 	for _, limit := range []int{-1, outbox.MaxPageSize + 1} {
 		_, err := ob.List(ctx, odb, outbox.Filter{}, limit)

@@ -8,11 +8,11 @@ import (
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// KeyTrimBatch is how many rows of an ordered outbox's keys table one
+// keyTrimBatch is how many rows of an ordered outbox's keys table one
 // transaction of the janitor's key trim deletes at most: each batch is
 // short, and a pass runs batches until one is not full or the command
 // timeout ends it.
-const KeyTrimBatch = 1000
+const keyTrimBatch = 1000
 
 // janitorRuns reports whether the janitor has work: purging delivered
 // messages (KeepDelivered, not Forever) or trimming the keys table of
@@ -66,13 +66,13 @@ func (r *Relay) purgeDelivered(ctx context.Context) {
 }
 
 // trimKeys is the janitor's trim of the keys table: batches of
-// KeyTrimBatch until one is not full, within one command timeout.
+// keyTrimBatch until one is not full, within one command timeout.
 func (r *Relay) trimKeys(ctx context.Context, kt outboxdriver.KeyTrimmer) {
 	jctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
 	var total int64
 	for {
-		n, err := kt.TrimKeys(jctx, r.db, r.ob.table, KeyTrimBatch)
+		n, err := kt.TrimKeys(jctx, r.db, r.ob.table, keyTrimBatch)
 		total += n
 		if err != nil && ctx.Err() != nil {
 			return // the relay stops
@@ -86,7 +86,7 @@ func (r *Relay) trimKeys(ctx context.Context, kt outboxdriver.KeyTrimmer) {
 			}
 			return
 		}
-		if n < KeyTrimBatch || ctx.Err() != nil {
+		if n < keyTrimBatch || ctx.Err() != nil {
 			break
 		}
 	}

@@ -52,11 +52,9 @@ type Message struct {
 	//   - a \u escape of a UTF-16 surrogate (\ud800 to \udfff) only as a
 	//     high one followed by a low one, a pair such as \ud83d\ude00
 	//     (jsonb and MariaDB refuse the others);
-	//   - numbers that PostgreSQL's numeric holds: at most 131072 digits
-	//     before the decimal point and 16383 after it, trailing zeros
-	//     included, once the exponent is applied (1e131071 and 1e-16383 are
-	//     accepted, 10e131071, 1.0e-16383 and 0e-16384 refused), and an
-	//     exponent below 1073741823 even for zero;
+	//   - numbers that PostgreSQL's numeric holds (at most 131072 digits
+	//     before the point and 16383 after it, the exponent applied;
+	//     docs/dialects.md has the exact rule);
 	//   - nested at most MaxPayloadDepth deep, or the dialect's
 	//     Capabilities.MaxJSONDepth when less (MySQL/MariaDB: 31).
 	// Publish refuses any other payload with a [*MessageError] before

@@ -3,9 +3,9 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/opfmt"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
@@ -36,13 +36,11 @@ func (o *Outbox) relayDialect() (outboxdriver.RelayDialect, error) {
 // opts.OlderThan ago, and returns how many it deleted. Pending and
 // processing messages are never purged.
 //
-// It deletes in batches, each a short statement that commits on its own,
-// until none is left or ctx ends: on an error (ctx's deadline, say) it
-// returns the messages deleted so far with the error, and a later Purge
-// goes on from there. On PostgreSQL one purge of a table and states runs
-// at a time: a Purge that finds another one under way (the janitor of
-// another replica, say) stops there and returns what it deleted so far,
-// leaving the rest to the other.
+// It deletes in short batches, each committing on its own, until none is
+// left or ctx ends: on an error it returns the count so far with the
+// error, and a later Purge goes on. On PostgreSQL one purge of a table and
+// states runs at a time: a Purge that finds another under way (another
+// replica's janitor) returns what it deleted, leaving the rest to it.
 func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, error) {
 	rd, err := o.relayDialect()
 	if err != nil {
@@ -66,23 +64,9 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 		err = wrapOp(ctx, "purge", o.d.Classify(err))
 	}
 	if opts.Operator != nil {
-		o.logAction(ctx, opts.Operator, "purge", PurgeString(states, opts.OlderThan), n, start, err)
+		o.logAction(ctx, opts.Operator, "purge", opfmt.Purge(states, opts.OlderThan), n, start, err)
 	}
 	return n, err
-}
-
-// PurgeString returns what a purge of states settled more than olderThan
-// ago deletes, in the form of [FilterString], for logs and confirmations:
-// `state=dead,delivered settled<168h0m0s ago`.
-func PurgeString(states []State, olderThan time.Duration) string {
-	if len(states) == 0 {
-		states = []State{StateDead, StateDelivered}
-	}
-	ss := make([]string, len(states))
-	for i, s := range states {
-		ss[i] = string(s)
-	}
-	return "state=" + strings.Join(ss, ",") + " settled<" + olderThan.String() + " ago"
 }
 
 // Redrive makes dead messages pending again, due now, each with
@@ -129,12 +113,10 @@ func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
 }
 
 // Check reads no row of the table and returns an error wrapping
-// [ErrTableMissing] when it does not exist, or [ErrSchemaMismatch] when
-// it lacks columns this version needs (with Config.OrderByKey, ordered
-// delivery's column and keys table too): run the migrations. [Relay.Run]
-// checks the same before its first claim; a tool, or a service's start-up,
-// calls it to say so before anything else fails. Any other error is the
-// database's (unreachable, say).
+// [ErrTableMissing] when it does not exist, or [ErrSchemaMismatch] when it
+// lacks what this version needs (with Config.OrderByKey, ordered delivery's
+// too): run the migrations. [Relay.Run] checks the same before its first
+// claim. Any other error is the database's.
 func (o *Outbox) Check(ctx context.Context, db DB) error {
 	rd, err := o.relayDialect()
 	if err != nil {

@@ -448,13 +448,13 @@ func (r *Relay) checkOrdered(ctx context.Context) error {
 	return r.ord.od.CheckOrdered(ctx, r.db, r.ob.table)
 }
 
-// orderedDialect returns the ordered dialect of an Outbox with OrderByKey,
-// nil for one without.
 // OrdersByKey reports whether o was built with Config.OrderByKey: whether
 // its messages with a Key are delivered in order, and dead ones can halt
 // their keys (see [ActSkip]).
 func (o *Outbox) OrdersByKey() bool { return o.cfg.OrderByKey }
 
+// orderedDialect returns the ordered dialect of an Outbox with OrderByKey,
+// nil for one without.
 func (o *Outbox) orderedDialect() outboxdriver.OrderedDialect {
 	if !o.cfg.OrderByKey {
 		return nil

@@ -52,26 +52,16 @@ type Config struct {
 	Notify NotifyMode
 
 	// NotifyInterval coalesces notifications: the Outbox sends at most one
-	// per NotifyInterval, and a Publish within the interval after one that
-	// notified sends its INSERT without NOTIFY (a silent publish). The
-	// notification that is sent asks the relays it wakes to keep claiming
-	// at short intervals for a while: every 2ms (or NotifyInterval, if
-	// shorter) at first, then at intervals that grow with the time since
-	// the wake-up, or since a follow-up claim last found messages (an
-	// eighth of it), until they reach the relay's PollInterval; a
-	// follow-up claim that finds messages is followed at once by another,
-	// as a notification per publish would make it. So a
-	// silent publish whose transaction commits t after the notifying one's
-	// (or after the relay last found messages) is claimed within about
-	// max(2ms, t/8) of its commit. A silent publish
-	// whose notifying publish rolled back, with no other notification
-	// near, waits for the relay's poll (RelayConfig.PollInterval).
-	//
-	// Why: PostgreSQL serialises the commits of all transactions that
-	// notified (one lock, held through the commit's WAL flush), so with
-	// many concurrent producers every publish notifying caps the commit
-	// rate near that of one producer. NotifyEvery notifies on every
-	// publish. Defaults to DefaultNotifyInterval (5ms).
+	// per NotifyInterval, and a publish within the interval after one that
+	// notified sends its INSERT without NOTIFY. A relay woken by a
+	// notification keeps claiming at short, growing intervals (from 2ms up
+	// to its PollInterval), so a silent publish committed t after the
+	// notifying one is claimed within about max(2ms, t/8); one whose
+	// notifying publish rolled back waits for the poll. Why: PostgreSQL
+	// serialises the commits of notifying transactions, so with many
+	// producers a notification per publish caps the commit rate
+	// (docs/internals.md). NotifyEvery notifies on every publish. Defaults
+	// to DefaultNotifyInterval (5ms).
 	NotifyInterval time.Duration
 
 	// MaxPayloadBytes bounds Message.Payload. Defaults to
@@ -90,16 +80,13 @@ type Config struct {
 	// request and cannot be bounded. Defaults to 0.
 	CommandTimeout time.Duration
 
-	// OrderByKey delivers the messages published through this Outbox in
-	// order within their Key, across topics: a key's messages are
-	// delivered one at a time, in the order their transactions committed,
-	// while other keys flow; a failing message holds back only its key.
-	// Messages without a Key are unordered and pay nothing. Publishers of
-	// one key serialise on a row lock held until their commit (on SQLite,
-	// on the write lock every writer holds until its commit). Every relay
-	// of the table must be built from an Outbox with OrderByKey, with
-	// the same table. The guide's section "Ordered delivery" is the
-	// contract. Defaults to false.
+	// OrderByKey delivers the messages of one Key one at a time, across
+	// topics, in the order their transactions committed, while other keys
+	// flow; a failing message holds back only its key. Messages without a
+	// Key pay nothing. Publishers of one key serialise until their commit.
+	// Every relay of the table must be built from an Outbox with
+	// OrderByKey; the guide's "Ordered delivery" is the contract. Defaults
+	// to false.
 	OrderByKey bool
 
 	// Hook, when set, sees each message Publish and PublishBatch store,
@@ -296,19 +283,15 @@ type Statement struct {
 	// Query, with the same Args, when [Config.NotifyInterval] has coalesced
 	// the publish's notification away: Query without the NOTIFY.
 	QuietQuery string
-	// StoredQuery and StoredArgs, when StoredQuery is not empty, are the
-	// second statement Publish sends after Query, on dialects that
-	// implement [outboxdriver.StoredLister] (MySQL) when a message has a DedupKey: it
-	// returns the ids of the messages stored.
+	// StoredQuery and StoredArgs, when StoredQuery is not empty, are sent
+	// after Query on dialects that implement [outboxdriver.StoredLister]
+	// (MySQL) when a message has a DedupKey: they return the ids stored.
 	StoredQuery string
 	StoredArgs  []any
-	// Sequence, with [Config.OrderByKey], are the statements Publish
-	// sends last when an ordered message has a DedupKey, or for every
-	// ordered message on a dialect that is an [outboxdriver.Sequencer]
-	// (MySQL): they number the ordered messages the INSERT stored (see
-	// [outboxdriver.OrderedDialect]). They are those of a publish that
-	// stored every message; a publish where some were duplicates numbers
-	// only the others (and sends none when all were).
+	// Sequence, with [Config.OrderByKey], are the statements that number
+	// the ordered messages stored, sent last when an ordered message has
+	// a DedupKey, or always on an [outboxdriver.Sequencer] (MySQL); a
+	// publish with duplicates numbers only the others.
 	Sequence []outboxdriver.Statement
 }
 

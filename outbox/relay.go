@@ -147,11 +147,9 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 // relay then claims the messages of every topic, and those of topics
 // without a handler of their own go to it. Register before Run.
 //
-// It returns a [*ConfigError] for an empty or over-long topic or a nil
-// handler, an error wrapping [ErrDuplicateHandler] for a topic that has a
-// handler, [ErrRelayStarted] once Run has started, and one wrapping
-// [ErrUnsupported] for AllTopics on a dialect that cannot claim every
-// topic.
+// It returns a [*ConfigError] for a bad topic or a nil handler, and errors
+// wrapping [ErrDuplicateHandler], [ErrRelayStarted], or [ErrUnsupported]
+// (AllTopics on a dialect that cannot claim every topic).
 func (r *Relay) Handle(topic string, h Handler) error {
 	if err := r.checkTopic(topic); err != nil {
 		return err
@@ -178,21 +176,13 @@ func (r *Relay) Handle(topic string, h Handler) error {
 // HandlerEnd after, one of each per message; h itself runs with the
 // batch's context, not those HandlerStart returns).
 //
-// With ordered delivery (Config.OrderByKey), a batch holds a claimed head
-// and the run of its key's messages after it, in key order (several keys
-// in one batch, each key's messages in order): the run stops at its first
-// message whose outcome is not nil, and the messages of the key after it
-// are not done whatever their outcomes (they stay blocked and are
-// delivered again, after it), so a key's later message is never settled
-// before an earlier one (the observer sees those with OutcomeHeld). A
-// run stops, too, before a message of a topic another handler handles.
-// The side effects are h's to keep in order: h gets a key's later
-// messages in the same call as the earlier ones, so it must handle a key's
-// messages one after another and, once one fails, return an error for
-// the key's later messages of the batch without acting on them (the
-// forwarders under forward/ do so). The run members count against
-// BatchSize with the heads: a batch never holds more than BatchSize
-// messages.
+// With ordered delivery (Config.OrderByKey), a batch holds claimed heads
+// and the runs of their keys behind them, each key's messages in key order,
+// at most BatchSize messages in all. A run stops at its first message whose
+// outcome is not nil: the key's later messages of the batch are not
+// settled, whatever h returned for them (OutcomeHeld), and are delivered
+// again after it. So h must handle a key's messages one after another and,
+// once one fails, not act on the key's later ones (as the forwarders do).
 //
 // Its errors are those of Handle.
 func (r *Relay) HandleBatch(topic string, h BatchHandler) error {
@@ -237,18 +227,13 @@ func (r *Relay) addHandler(topic string, add func()) error {
 	return nil
 }
 
-// Run claims and handles messages until ctx ends, then stops claiming (a
-// claim already sent may finish, for up to a second, and its messages are
-// handled), lets running handlers finish within
-// RelayConfig.ShutdownGrace, cancels the rest
-// (their leases lapse and another claim delivers them again), writes the
-// outcomes it has and returns nil. Errors talking to the database are
-// logged and retried with backoff, never returned. Run returns an error
-// only when it cannot start: no handlers, already started, or an outbox
-// table that does not exist ([ErrTableMissing]) or lacks columns
-// ([ErrSchemaMismatch]). It checks the table before its first claim (when
-// the database cannot be reached then, before the first claim that
-// succeeds). [Relay.Health] reports how it is doing meanwhile.
+// Run claims and handles messages until ctx ends, then stops claiming, lets
+// running handlers finish within RelayConfig.ShutdownGrace, cancels the
+// rest (their leases lapse and they are delivered again), writes the
+// outcomes it has and returns nil. Database errors are logged and retried
+// with backoff, never returned: Run fails only when it cannot start (no
+// handlers, already started, [ErrTableMissing], [ErrSchemaMismatch], checked
+// before its first claim). [Relay.Health] reports how it is doing.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {

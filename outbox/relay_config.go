@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +23,7 @@ const (
 	DefaultCommandTimeout = 30 * time.Second
 	DefaultShutdownGrace  = 10 * time.Second
 	DefaultJanitorEvery   = time.Minute
+	DefaultUnhandledEvery = 5 * time.Minute
 )
 
 // MinLease is the shortest RelayConfig.Lease on every dialect. A dialect
@@ -85,14 +85,11 @@ type RelayConfig struct {
 	BatchSize int
 
 	// Lease is how long a claimed message stays invisible to other relays.
-	// While its handler runs, the relay renews the lease every Lease/6 once
-	// a third of it has passed (so a renewal is sent by half the lease),
-	// so only a relay that stops (crash, partition) loses it. It is at
-	// least MinLease (1s) and, while leases are renewed, at least the
-	// dialect's minimum (15s on SQLite, whose renewals may wait for the
-	// write lock up to the busy timeout; see its package documentation):
-	// Relay refuses a shorter one with a [*ConfigError]. Defaults to
-	// DefaultLease (30s).
+	// The relay renews it while the handler runs (every Lease/6 once a
+	// third has passed), so only a relay that stops loses it. At least
+	// MinLease and, while leases are renewed, the dialect's minimum (15s on
+	// SQLite): Relay refuses a shorter one with a [*ConfigError]. Defaults
+	// to DefaultLease (30s).
 	Lease time.Duration
 
 	// DisableLeaseRenewal stops the renewals: a handler running longer than
@@ -130,29 +127,15 @@ type RelayConfig struct {
 	DiscardDead bool
 
 	// AsyncCommit makes the relay's claims and settles commit without
-	// waiting for the database to flush its log to disk (PostgreSQL:
-	// synchronous_commit off, set inside each of these statements for its
-	// own transaction; the connection and every other statement keep the
-	// server's setting). A claim's commit then costs no disk flush: on a
-	// 2-core host a one-relay drain ran 1.3x faster and the median time
-	// from a publish's commit to its handler fell by about a third
-	// (docs/operations.md, Relays, has the run).
-	//
-	// What it costs, only if the database server itself crashes (or fails
-	// over to a standby that had not received them): the claims and
-	// settles of its last moments (up to about three wal_writer_delay, 0.6
-	// s by default) are lost. Nothing is lost of the messages: their rows
-	// come back as they were before those statements, so a message
-	// settled in that window is delivered again, and one claimed in it may
-	// be claimed again at once while its first handler still runs; its
-	// attempt is not counted. Delivery stays at least once. A crash or
-	// kill of the relay's process changes nothing: committed is committed.
-	// Publishes are not affected (they commit in the caller's transaction).
-	//
-	// Not with Config.OrderByKey (a key's messages could be delivered again
-	// after messages that follow them); not on dialects whose
-	// Capabilities lack AsyncCommit (SQLite, MySQL/MariaDB): Relay returns
-	// an error. Defaults to false.
+	// waiting for the database's log flush (PostgreSQL: synchronous_commit
+	// off inside each of these statements only; docs/operations.md has its
+	// figures). Only a crash of the database server itself costs anything:
+	// the claims and settles of its last moments are lost, so a message
+	// settled then is delivered again and one claimed then may be claimed
+	// again while its handler runs. No message is lost; publishes are not
+	// affected. Not with Config.OrderByKey, nor on dialects whose
+	// Capabilities lack AsyncCommit (Relay returns an error). Defaults to
+	// false.
 	AsyncCommit bool
 
 	// KeepDelivered keeps delivered messages (state delivered) instead of
@@ -184,13 +167,11 @@ type RelayConfig struct {
 	// DefaultShutdownGrace (10s).
 	ShutdownGrace time.Duration
 
-	// UnhandledEvery is how often the relay looks for due messages of
-	// topics it has no handler for (one [Outbox.Stats] query, which scans
-	// the table) and warns about those that have waited over a minute (or
-	// ten poll intervals), at most once an hour per topic. The first look
-	// is five seconds after Run starts. Forever turns it off; a relay with
-	// a catch-all handler ([AllTopics]) never looks. Defaults to
-	// DefaultUnhandledEvery (5m).
+	// UnhandledEvery is how often the relay warns about due messages of
+	// topics it has no handler for, waiting over a minute (one
+	// [Outbox.Stats], which scans the table; at most once an hour per
+	// topic). Forever turns it off; a catch-all relay never looks.
+	// Defaults to DefaultUnhandledEvery (5m).
 	UnhandledEvery time.Duration
 
 	// DeadKeys is what a dead-lettered ordered message (Config.OrderByKey)
@@ -225,20 +206,8 @@ type RelayConfig struct {
 	Middleware []Middleware
 }
 
-// RelayTracer observes a relay. Its methods are called from the relay's
-// goroutines and must not block.
-type RelayTracer interface {
-	// TraceClaim is called after each claim with the rows it took.
-	TraceClaim(ctx context.Context, claimed []outboxdriver.Claimed, err error)
-	// TraceSettle is called after each settle statement with the
-	// settlements it wrote and the fences that applied (a settlement whose
-	// fence is missing was fenced off: another claim had taken the row).
-	// Each message has its own settlement and fence, the run of an ordered
-	// head's included (Config.OrderByKey): a run member's Attempts are its
-	// attempts after this delivery, and its fence applied when its head's
-	// did.
-	TraceSettle(ctx context.Context, s []outboxdriver.Settlement, applied []outboxdriver.Fence, err error)
-}
+// RelayTracer is [outboxdriver.RelayTracer], for RelayConfig.Tracer.
+type RelayTracer = outboxdriver.RelayTracer
 
 func (c *RelayConfig) validate(caps outboxdriver.Capabilities) error {
 	type check struct {

@@ -6,9 +6,6 @@ import (
 	"time"
 )
 
-// DefaultUnhandledEvery is the default of RelayConfig.UnhandledEvery.
-const DefaultUnhandledEvery = 5 * time.Minute
-
 // unhandledAge is how long a due message of a topic without a handler in
 // this relay must have waited before the relay warns about its topic: in a
 // deployment where each relay handles some topics, the other relays

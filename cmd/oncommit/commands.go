@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/oncommit/oncommit/dashboard"
+	"github.com/oncommit/oncommit/internal/opfmt"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -611,7 +612,7 @@ func runAct(name string) func(ctx context.Context, c *cli, args []string) error 
 		if err != nil {
 			return asUsage(err)
 		}
-		ids, n, what := plan.IDs, len(plan.IDs), outbox.FilterString(f)
+		ids, n, what := plan.IDs, len(plan.IDs), opfmt.Filter(f)
 		left := leftAlone(plan.Refused)
 		if dry {
 			out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
@@ -724,7 +725,7 @@ func runPurge(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return asUsage(err)
 	}
-	what := outbox.PurgeString(ss, olderThan)
+	what := opfmt.Purge(ss, olderThan)
 	if dry {
 		out := newOut(c.stdout, g.json, "ACTION", "FILTER", "WOULD CHANGE")
 		out.row(map[string]any{"action": "purge", "filter": what, "dry_run": true, "would_change": n}, "purge", what, n)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/opfmt"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -54,7 +55,7 @@ func listIDs(t *testing.T, e *env, f outbox.Filter) []outbox.ID {
 	for {
 		p, err := e.ob.List(context.Background(), e.DB, f, 7)
 		if err != nil {
-			t.Fatalf("list %s: %v", outbox.FilterString(f), err)
+			t.Fatalf("list %s: %v", opfmt.Filter(f), err)
 		}
 		for _, m := range p.Messages {
 			ids = append(ids, m.ID)
@@ -80,13 +81,13 @@ func inspectFilters(t *testing.T, e *env) {
 		t.Helper()
 		ids := listIDs(t, e, f)
 		if len(ids) != want {
-			t.Errorf("list %s: %d messages, want %d", outbox.FilterString(f), len(ids), want)
+			t.Errorf("list %s: %d messages, want %d", opfmt.Filter(f), len(ids), want)
 		}
 		if !slices.IsSortedFunc(ids, func(x, y outbox.ID) int { return strings.Compare(x.String(), y.String()) }) {
-			t.Errorf("list %s: not in id order", outbox.FilterString(f))
+			t.Errorf("list %s: not in id order", opfmt.Filter(f))
 		}
 		if n, err := e.ob.Count(ctx, e.DB, f); err != nil || n != int64(want) {
-			t.Errorf("count %s: %d, %v, want %d", outbox.FilterString(f), n, err, want)
+			t.Errorf("count %s: %d, %v, want %d", opfmt.Filter(f), n, err, want)
 		}
 		return ids
 	}
@@ -196,7 +197,7 @@ func inspectActions(t *testing.T, e *env) {
 	act := func(a outbox.Action, f outbox.Filter, want int64) {
 		t.Helper()
 		if n, err := e.ob.Act(ctx, e.DB, a, f, log); err != nil || n != want {
-			t.Errorf("%s %s: %d, %v, want %d", a, outbox.FilterString(f), n, err, want)
+			t.Errorf("%s %s: %d, %v, want %d", a, opfmt.Filter(f), n, err, want)
 		}
 	}
 	// Redrive one dead message by id: only that one.
@@ -241,7 +242,7 @@ func inspectActions(t *testing.T, e *env) {
 	} {
 		var fe *outbox.FilterError
 		if n, err := e.ob.Act(ctx, e.DB, c.a, c.f, log); !errors.As(err, &fe) || fe.Field != c.field || n != 0 || !errors.Is(err, outbox.ErrInvalidFilter) {
-			t.Errorf("act %d %s: %d, %v, want a FilterError on %s", c.a, outbox.FilterString(c.f), n, err, c.field)
+			t.Errorf("act %d %s: %d, %v, want a FilterError on %s", c.a, opfmt.Filter(c.f), n, err, c.field)
 		}
 	}
 	if e.count(t, "") != 5 {
