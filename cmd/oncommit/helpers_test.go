@@ -84,22 +84,23 @@ func sqliteOutbox(t *testing.T) (db, *outbox.Outbox) {
 // eachDB runs f, in parallel, on a fresh database of each kind: SQLite,
 // PostgreSQL and MySQL/MariaDB, with its dialect.
 func eachDB(t *testing.T, f func(t *testing.T, d db)) {
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) db
-		d    outbox.Dialect
-	}{
-		{"sqlite", sqliteDB, sqlite.Dialect()},
-		{"postgres", postgresDB, postgres.Dialect()},
-		{"mysql", mysqlDB, mysqldialect.Dialect()},
-	} {
-		t.Run(c.name, func(t *testing.T) {
+	for _, k := range dbKinds {
+		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
-			d := c.open(t)
-			d.dialect = c.d
-			f(t, d)
+			f(t, k.open(t))
 		})
 	}
+}
+
+// dbKinds are the database kinds the CLI runs against; open returns a
+// fresh database of the kind with its dialect.
+var dbKinds = []struct {
+	name string
+	open func(t *testing.T) db
+}{
+	{"sqlite", func(t *testing.T) db { d := sqliteDB(t); d.dialect = sqlite.Dialect(); return d }},
+	{"postgres", func(t *testing.T) db { d := postgresDB(t); d.dialect = postgres.Dialect(); return d }},
+	{"mysql", func(t *testing.T) db { d := mysqlDB(t); d.dialect = mysqldialect.Dialect(); return d }},
 }
 
 func postgresDB(t *testing.T) db {
