@@ -1,0 +1,99 @@
+// Package pgwal is the PostgreSQL WAL transport's wire: the envelope a
+// message travels in as a transactional logical decoding message
+// (pg_logical_emit_message), the statement that emits it, the slot and
+// publication it is read through, and a reader of the slot that confirms a
+// position only when every message at or below it is settled.
+package pgwal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oncommit/oncommit/outboxdriver"
+)
+
+// Envelope is one message as it travels through the WAL.
+type Envelope struct {
+	ID      outboxdriver.ID
+	Topic   string
+	Key     string // "" means none
+	Payload []byte // nil means NULL
+	Headers []byte // JSON object, nil means none
+	// Ordered is true when the message is delivered in order within Key.
+	Ordered bool
+	// CreatedAt is the publish time, in microseconds (UTC).
+	CreatedAt time.Time
+}
+
+// version is the first byte of every envelope; a reader refuses others.
+const version = 1
+
+const flagOrdered = 1
+
+// ErrEnvelope reports content that is not an envelope of this version.
+var ErrEnvelope = errors.New("pgwal: malformed envelope")
+
+// Append appends e's encoding to dst: version, flags, the id, the creation
+// time (Unix microseconds, big-endian), then topic, key, headers and
+// payload, each as a uvarint of its length plus one (0 for nil) and its
+// bytes.
+func Append(dst []byte, e Envelope) []byte {
+	var flags byte
+	if e.Ordered {
+		flags |= flagOrdered
+	}
+	dst = append(dst, version, flags)
+	dst = append(dst, e.ID[:]...)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.CreatedAt.UnixMicro()))
+	dst = appendField(dst, []byte(e.Topic), true)
+	dst = appendField(dst, []byte(e.Key), true)
+	dst = appendField(dst, e.Headers, e.Headers != nil)
+	return appendField(dst, e.Payload, e.Payload != nil)
+}
+
+func appendField(dst, b []byte, present bool) []byte {
+	if !present {
+		return binary.AppendUvarint(dst, 0)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(b))+1)
+	return append(dst, b...)
+}
+
+// Decode decodes an envelope Append wrote. The byte slices of the result
+// alias b.
+func Decode(b []byte) (Envelope, error) {
+	var e Envelope
+	const head = 2 + len(outboxdriver.ID{}) + 8
+	if len(b) < head {
+		return e, fmt.Errorf("%w: %d bytes", ErrEnvelope, len(b))
+	}
+	if b[0] != version {
+		return e, fmt.Errorf("%w: version %d", ErrEnvelope, b[0])
+	}
+	e.Ordered = b[1]&flagOrdered != 0
+	copy(e.ID[:], b[2:])
+	e.CreatedAt = time.UnixMicro(int64(binary.BigEndian.Uint64(b[2+len(e.ID):]))).UTC()
+	rest := b[head:]
+	var fields [4][]byte
+	for i := range fields {
+		n, k := binary.Uvarint(rest)
+		if k <= 0 || n > uint64(len(rest)-k)+1 {
+			return Envelope{}, fmt.Errorf("%w: field %d", ErrEnvelope, i)
+		}
+		rest = rest[k:]
+		if n == 0 {
+			continue
+		}
+		fields[i], rest = rest[:n-1:n-1], rest[n-1:]
+	}
+	if len(rest) != 0 {
+		return Envelope{}, fmt.Errorf("%w: %d trailing bytes", ErrEnvelope, len(rest))
+	}
+	if fields[0] == nil || len(fields[0]) == 0 {
+		return Envelope{}, fmt.Errorf("%w: no topic", ErrEnvelope)
+	}
+	e.Topic, e.Key, e.Headers, e.Payload = string(fields[0]), string(fields[1]), fields[2], fields[3]
+	return e, nil
+}

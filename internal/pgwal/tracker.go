@@ -1,0 +1,74 @@
+package pgwal
+
+import (
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// tracker holds the transactions read from the slot whose messages are not
+// all settled yet, in commit order, and so the position the slot may be
+// confirmed to: the end of the last transaction such that it and every
+// transaction before it are settled.
+type tracker struct {
+	mu        sync.Mutex
+	txs       []trackedTx // commit order; the front is the oldest unsettled
+	confirmed pglogrepl.LSN
+}
+
+type trackedTx struct {
+	end  pglogrepl.LSN
+	left int
+}
+
+// add records a transaction ending at end with n messages to settle; one
+// with none is settled at once.
+func (t *tracker) add(end pglogrepl.LSN, n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.txs = append(t.txs, trackedTx{end: end, left: n})
+	t.advanceLocked()
+}
+
+// settled records that one message of the transaction ending at end is
+// settled. It reports false for a transaction it does not hold.
+func (t *tracker) settled(end pglogrepl.LSN) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.txs {
+		if t.txs[i].end == end && t.txs[i].left > 0 {
+			t.txs[i].left--
+			t.advanceLocked()
+			return true
+		}
+	}
+	return false
+}
+
+// idle moves the position to lsn when nothing is outstanding: the server
+// has sent every transaction committed below it.
+func (t *tracker) idle(lsn pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.txs) == 0 && lsn > t.confirmed {
+		t.confirmed = lsn
+	}
+}
+
+func (t *tracker) advanceLocked() {
+	i := 0
+	for ; i < len(t.txs) && t.txs[i].left == 0; i++ {
+		if t.txs[i].end > t.confirmed {
+			t.confirmed = t.txs[i].end
+		}
+	}
+	t.txs = append(t.txs[:0], t.txs[i:]...)
+}
+
+// position is the position the slot may be confirmed to, and the number
+// of transactions still outstanding.
+func (t *tracker) position() (pglogrepl.LSN, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.confirmed, len(t.txs)
+}
