@@ -191,3 +191,33 @@ func TestRunExpiresWithRenewedLease(t *testing.T) {
 		t.Errorf("the run expires at %v, want %v (the renewed lease)", runs[0].expires, want)
 	}
 }
+
+// TestBatchRunExpiresWithRenewedLease (issue 31 finding 7, the batch
+// path): a batch handler's outcome expires with the lease as renewed while
+// the handler ran. Before the fix settleBatch took now + Lease after the
+// handler returned.
+func TestBatchRunExpiresWithRenewedLease(t *testing.T) {
+	d := &orderedFake{}
+	r, _ := orderedRelayOn(t, d)
+	b := &claimBatch{claimed: time.Now().Add(-time.Hour)}
+	renewedBy := 10 * time.Minute
+	if err := r.HandleBatch("x", func(_ context.Context, ds []Delivery) []error {
+		b.renewed.Store(int64(renewedBy)) // a renewal while the handler ran
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := &outboxdriver.Claimed{ID: NewID(), Topic: "x", Key: "k", KeySeq: 1, Attempts: 1}
+	b.jobs = []job{{c: c, b: b, ctx: handlerCtx{parent: context.Background()}}}
+	b.jobs[0].group = []*job{&b.jobs[0]}
+	b.left.Store(1)
+	r.inflightN.Add(1)
+	r.deliverBatch(&b.jobs[0])
+	runs := r.ord.take(10, false)
+	if len(runs) != 1 {
+		t.Fatalf("queued %d runs", len(runs))
+	}
+	if want := b.claimed.Add(renewedBy + r.cfg.Lease); !runs[0].expires.Equal(want) {
+		t.Errorf("the batch's run expires at %v, want %v (the renewed lease)", runs[0].expires, want)
+	}
+}
