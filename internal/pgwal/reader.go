@@ -71,8 +71,8 @@ type Reader struct {
 // slot (typed errors above), and starts streaming from the slot's
 // confirmed position.
 func Open(ctx context.Context, cfg ReaderConfig) (*Reader, error) {
-	for what, s := range map[string]string{"slot": cfg.Slot, "publication": cfg.Publication, "prefix": cfg.Prefix} {
-		if err := checkName(what, s); err != nil {
+	for _, n := range [...][2]string{{"slot", cfg.Slot}, {"publication", cfg.Publication}, {"prefix", cfg.Prefix}} {
+		if err := checkName(n[0], n[1]); err != nil {
 			return nil, err
 		}
 	}

@@ -1,6 +1,8 @@
 package pgwal
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pglogrepl"
@@ -31,18 +33,20 @@ func (t *tracker) add(end pglogrepl.LSN, n int) {
 }
 
 // settled records that one message of the transaction ending at end is
-// settled. It reports false for a transaction it does not hold.
+// settled. It reports false for a transaction it does not hold. Ends grow
+// in commit order, so the transaction is found by binary search.
 func (t *tracker) settled(end pglogrepl.LSN) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i := range t.txs {
-		if t.txs[i].end == end && t.txs[i].left > 0 {
-			t.txs[i].left--
-			t.advanceLocked()
-			return true
-		}
+	i, ok := slices.BinarySearchFunc(t.txs, end, func(tx trackedTx, end pglogrepl.LSN) int { return cmp.Compare(tx.end, end) })
+	if !ok || t.txs[i].left == 0 {
+		return false
 	}
-	return false
+	t.txs[i].left--
+	if i == 0 {
+		t.advanceLocked()
+	}
+	return true
 }
 
 // idle moves the position to lsn when nothing is outstanding: the server
@@ -58,11 +62,9 @@ func (t *tracker) idle(lsn pglogrepl.LSN) {
 func (t *tracker) advanceLocked() {
 	i := 0
 	for ; i < len(t.txs) && t.txs[i].left == 0; i++ {
-		if t.txs[i].end > t.confirmed {
-			t.confirmed = t.txs[i].end
-		}
+		t.confirmed = max(t.confirmed, t.txs[i].end)
 	}
-	t.txs = append(t.txs[:0], t.txs[i:]...)
+	t.txs = t.txs[i:]
 }
 
 // position is the position the slot may be confirmed to, and the number
