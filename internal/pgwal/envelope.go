@@ -91,7 +91,7 @@ func Decode(b []byte) (Envelope, error) {
 	if len(rest) != 0 {
 		return Envelope{}, fmt.Errorf("%w: %d trailing bytes", ErrEnvelope, len(rest))
 	}
-	if fields[0] == nil || len(fields[0]) == 0 {
+	if len(fields[0]) == 0 {
 		return Envelope{}, fmt.Errorf("%w: no topic", ErrEnvelope)
 	}
 	e.Topic, e.Key, e.Headers, e.Payload = string(fields[0]), string(fields[1]), fields[2], fields[3]
