@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/oncommit/oncommit/forward/kafka"
+	"github.com/oncommit/oncommit/internal/fwdtest"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -49,59 +50,61 @@ func (c *createdAt) wrap(h outbox.BatchHandler) outbox.BatchHandler {
 	}
 }
 
-// TestLateRecordsArrive: with kgo.RecordDeliveryTimeout set (env's
-// client), and an ack timeout shorter than the outage, a message
-// that reaches the forwarder later than that after it was published (a
-// backlog built up while Kafka was unreachable for longer than the
-// timeout, a message delayed past it) is produced, not timed out on every
-// attempt: every message arrives, none is dead-lettered. Each record
-// carries the message's publish time in the oncommit-created-at header.
+// TestLateRecordsArrive, under each client setting (kgo's defaults;
+// kgo.RecordDeliveryTimeout set) with an ack timeout shorter than the
+// outage: a message that reaches the forwarder later than the delivery
+// timeout after it was published (a backlog built up while Kafka was
+// unreachable for longer than the timeout, a message delayed past it) is
+// produced, not timed out on every attempt: every message arrives, none is
+// dead-lettered. Each record carries the message's publish time in the
+// oncommit-created-at header.
 func TestLateRecordsArrive(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, "orders")
-	down := e.down()
-	f := e.forwarder(t, kafka.Config{AckTimeout: 2 * deliveryTimeout})
-	var seen createdAt
-	e.relay(t, outbox.RelayConfig{RetryBase: 50 * time.Millisecond, RetryCap: 500 * time.Millisecond}, seen.wrap(f.Handler()))
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[[]kgo.Opt]) {
+		e := newEnv(t, set.C, "orders")
+		down := e.down()
+		f := e.forwarder(t, kafka.Config{AckTimeout: 2 * deliveryTimeout})
+		var seen createdAt
+		e.relay(t, outbox.RelayConfig{RetryBase: 50 * time.Millisecond, RetryCap: 500 * time.Millisecond}, seen.wrap(f.Handler()))
 
-	ids := e.publish(t, outbox.Message{Topic: "orders", Key: "warm-up"})
-	waitFor(t, 20*time.Second, "the first message delivered", func() bool { return e.count(t, "") == 0 })
-	down.Store(true)
-	var msgs []outbox.Message
-	for i := range 60 {
-		msgs = append(msgs, outbox.Message{Topic: "orders", Key: []string{"a", "b", "c", ""}[i%4]})
-	}
-	ids = append(ids, e.publish(t, msgs...)...)
-	time.Sleep(3 * deliveryTimeout) // the outage, longer than the timeout
-	down.Store(false)
-	// Due when it is older than the timeout.
-	ids = append(ids, e.publish(t, outbox.Message{Topic: "orders", Key: "a", Delay: 2 * deliveryTimeout})...)
-
-	waitFor(t, 60*time.Second, "every message delivered", func() bool {
-		if n := e.count(t, "state = 'dead'"); n > 0 {
-			t.Fatalf("%d messages dead-lettered", n)
+		ids := e.publish(t, outbox.Message{Topic: "orders", Key: "warm-up"})
+		waitFor(t, 20*time.Second, "the first message delivered", func() bool { return e.count(t, "") == 0 })
+		down.Store(true)
+		var msgs []outbox.Message
+		for i := range 60 {
+			msgs = append(msgs, outbox.Message{Topic: "orders", Key: []string{"a", "b", "c", ""}[i%4]})
 		}
-		return e.count(t, "") == 0
+		ids = append(ids, e.publish(t, msgs...)...)
+		time.Sleep(3 * deliveryTimeout) // the outage, longer than the timeout
+		down.Store(false)
+		// Due when it is older than the timeout.
+		ids = append(ids, e.publish(t, outbox.Message{Topic: "orders", Key: "a", Delay: 2 * deliveryTimeout})...)
+
+		waitFor(t, 60*time.Second, "every message delivered", func() bool {
+			if n := e.count(t, "state = 'dead'"); n > 0 {
+				t.Fatalf("%d messages dead-lettered", n)
+			}
+			return e.count(t, "") == 0
+		})
+		recs := e.consume(t, len(ids), 10*time.Second, "orders")
+		got := map[string]*kgo.Record{}
+		for _, r := range recs {
+			s, _ := header(r, kafka.IDHeader)
+			got[s] = r
+		}
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		for _, id := range ids {
+			r := got[id.String()]
+			if r == nil {
+				t.Errorf("message %s not in Kafka", id)
+				continue
+			}
+			want := seen.at[id].UTC().Format(time.RFC3339Nano)
+			if h, _ := header(r, kafka.CreatedAtHeader); h != want {
+				t.Errorf("message %s: %s %q, want its CreatedAt %q", id, kafka.CreatedAtHeader, h, want)
+			}
+		}
 	})
-	recs := e.consume(t, len(ids), 10*time.Second, "orders")
-	got := map[string]*kgo.Record{}
-	for _, r := range recs {
-		s, _ := header(r, kafka.IDHeader)
-		got[s] = r
-	}
-	seen.mu.Lock()
-	defer seen.mu.Unlock()
-	for _, id := range ids {
-		r := got[id.String()]
-		if r == nil {
-			t.Errorf("message %s not in Kafka", id)
-			continue
-		}
-		want := seen.at[id].UTC().Format(time.RFC3339Nano)
-		if h, _ := header(r, kafka.CreatedAtHeader); h != want {
-			t.Errorf("message %s: %s %q, want its CreatedAt %q", id, kafka.CreatedAtHeader, h, want)
-		}
-	}
 }
 
 // stall leaves every produce request unanswered while it is set, as a
@@ -142,38 +145,39 @@ func (l *logBuffer) String() string {
 // messages after MaxAttempts, instead of holding them processing with
 // their leases renewed.
 func TestAckTimeoutStalledProduce(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, "orders")
-	e.stall().Store(true)
-	f := e.forwarder(t, kafka.Config{AckTimeout: 300 * time.Millisecond})
-	var mu sync.Mutex
-	var outcomes []error
-	var logs logBuffer
-	e.relay(t, outbox.RelayConfig{MaxAttempts: 3, RetryBase: 20 * time.Millisecond, RetryCap: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))},
-		func(ctx context.Context, ds []outbox.Delivery) []error {
-			errs := f.Handler()(ctx, ds)
-			mu.Lock()
-			outcomes = append(outcomes, errs...)
-			mu.Unlock()
-			return errs
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[[]kgo.Opt]) {
+		e := newEnv(t, set.C, "orders")
+		e.stall().Store(true)
+		f := e.forwarder(t, kafka.Config{AckTimeout: 300 * time.Millisecond})
+		var mu sync.Mutex
+		var outcomes []error
+		var logs logBuffer
+		e.relay(t, outbox.RelayConfig{MaxAttempts: 3, RetryBase: 20 * time.Millisecond, RetryCap: 50 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+			func(ctx context.Context, ds []outbox.Delivery) []error {
+				errs := f.Handler()(ctx, ds)
+				mu.Lock()
+				outcomes = append(outcomes, errs...)
+				mu.Unlock()
+				return errs
+			})
+		e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders"})
+		waitFor(t, 30*time.Second, "the messages dead-lettered", func() bool {
+			return e.count(t, `state = 'dead' AND attempts = 3 AND last_error LIKE '%within the ack timeout%'`) == 3
 		})
-	e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders"})
-	waitFor(t, 30*time.Second, "the messages dead-lettered", func() bool {
-		return e.count(t, `state = 'dead' AND attempts = 3 AND last_error LIKE '%within the ack timeout%'`) == 3
+		mu.Lock()
+		for i, err := range outcomes {
+			if !errors.Is(err, kafka.ErrAckTimeout) {
+				t.Errorf("outcome %d: %v, want an error wrapping ErrAckTimeout", i, err)
+			}
+		}
+		mu.Unlock()
+		for _, line := range []string{`msg="outbox: handler failed; retrying"`, `msg="outbox: message failed its last attempt; dead-lettered"`} {
+			if !strings.Contains(logs.String(), line) {
+				t.Errorf("no log line %s in:\n%s", line, logs.String())
+			}
+		}
 	})
-	mu.Lock()
-	for i, err := range outcomes {
-		if !errors.Is(err, kafka.ErrAckTimeout) {
-			t.Errorf("outcome %d: %v, want an error wrapping ErrAckTimeout", i, err)
-		}
-	}
-	mu.Unlock()
-	for _, line := range []string{`msg="outbox: handler failed; retrying"`, `msg="outbox: message failed its last attempt; dead-lettered"`} {
-		if !strings.Contains(logs.String(), line) {
-			t.Errorf("no log line %s in:\n%s", line, logs.String())
-		}
-	}
 }
 
 // TestNewConfigError: a nil client and a negative AckTimeout are

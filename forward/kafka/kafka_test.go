@@ -16,6 +16,7 @@ import (
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/forward/kafka"
 	"github.com/oncommit/oncommit/internal/dialecttest"
+	"github.com/oncommit/oncommit/internal/fwdtest"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -27,10 +28,21 @@ import (
 // No Kafka server exists here: every test runs against franz-go's
 // in-process cluster (kfake), which speaks the Kafka protocol.
 
-// deliveryTimeout is the kgo.RecordDeliveryTimeout of env's client, as a
-// deployment may set it: kgo's smallest, so that a backlog, a delay and an
-// outage in a test are each longer than it.
+// deliveryTimeout is the kgo.RecordDeliveryTimeout of the
+// "delivery-timeout" setting, as a deployment may set it: kgo's smallest,
+// so that a backlog, a delay and an outage in a test are each longer than
+// it.
 const deliveryTimeout = time.Second
+
+// settings are the clients the relay fault tests run with
+// (fwdtest.Under): kgo's producer defaults, which is also what
+// docs/forwarding.md recommends ("Recommended settings"), and a client
+// with kgo.RecordDeliveryTimeout set, as the guide recommended before
+// issue 32 and deployments may still do.
+var settings = []fwdtest.Setting[[]kgo.Opt]{
+	{Name: "defaults"},
+	{Name: "delivery-timeout", C: []kgo.Opt{kgo.RecordDeliveryTimeout(deliveryTimeout)}},
+}
 
 // env is an outbox table on PostgreSQL and a kfake cluster.
 type env struct {
@@ -41,13 +53,14 @@ type env struct {
 	client  *kgo.Client
 }
 
-func newEnv(t *testing.T, topics ...string) *env {
+// newEnv returns an env whose client has kgo's defaults and opts.
+func newEnv(t *testing.T, opts []kgo.Opt, topics ...string) *env {
 	t.Helper()
-	return newEnvWith(t, outbox.Config{}, topics...)
+	return newEnvWith(t, outbox.Config{}, opts, topics...)
 }
 
 // newEnvWith is newEnv with cfg for the Outbox.
-func newEnvWith(t *testing.T, cfg outbox.Config, topics ...string) *env {
+func newEnvWith(t *testing.T, cfg outbox.Config, opts []kgo.Opt, topics ...string) *env {
 	t.Helper()
 	e := &env{table: pgtest.Schema(t) + ".outbox"}
 	if err := postgres.Migrate(context.Background(), pgtest.Admin(t), e.table); err != nil {
@@ -66,7 +79,7 @@ func newEnvWith(t *testing.T, cfg outbox.Config, topics ...string) *env {
 	}
 	t.Cleanup(c.Close)
 	e.cluster = c
-	e.client = e.newClient(t, kgo.RecordDeliveryTimeout(deliveryTimeout))
+	e.client = e.newClient(t, opts...)
 	return e
 }
 
@@ -171,7 +184,7 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // publish order in their partition; the table is empty after.
 func TestForwardEveryMessage(t *testing.T) {
 	t.Parallel()
-	e := newEnvWith(t, outbox.Config{OrderByKey: true}, "orders", "payments.out")
+	e := newEnvWith(t, outbox.Config{OrderByKey: true}, nil, "orders", "payments.out")
 	const n = 300
 	want := map[outbox.ID]outbox.Message{}
 	var order []outbox.ID
@@ -237,93 +250,95 @@ func TestForwardEveryMessage(t *testing.T) {
 // relay: each record is produced twice with the same oncommit-id, which
 // is what consumers deduplicate by.
 func TestRedeliveryRepeatsID(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, "orders")
-	ids := e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "b"}, outbox.Message{Topic: "orders", Key: "a"})
-	f := e.forwarder(t, kafka.Config{})
-	acked := make(chan []error, 1)
-	var once sync.Once
-	// Concurrency 3: A's blocked batch holds its slots, so A does not
-	// claim the messages again itself when its lease lapses.
-	stopA := e.relay(t, outbox.RelayConfig{Lease: time.Second, DisableLeaseRenewal: true, ShutdownGrace: 50 * time.Millisecond, Concurrency: 3},
-		func(ctx context.Context, ds []outbox.Delivery) []error {
-			errs := f.Handler()(ctx, ds)
-			once.Do(func() { acked <- errs })
-			<-ctx.Done() // "killed": the outcomes wait until the relay stops
-			return errs
-		})
-	if errs := <-acked; len(errs) != 3 || errors.Join(errs...) != nil {
-		t.Fatalf("first produce: %v", errs)
-	}
-	e.relay(t, outbox.RelayConfig{}, f.Handler()) // after A's lease lapses
-	waitFor(t, 20*time.Second, "the messages delivered again", func() bool { return e.count(t, "") == 0 })
-	stopA() // its outcomes are fenced off now
-	recs := e.consume(t, 6, 10*time.Second, "orders")
-	times := map[string]int{}
-	for _, r := range recs {
-		s, _ := header(r, kafka.IDHeader)
-		times[s]++
-	}
-	for _, id := range ids {
-		if times[id.String()] != 2 {
-			t.Errorf("message %s produced %d times, want 2 with the same %s", id, times[id.String()], kafka.IDHeader)
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[[]kgo.Opt]) {
+		e := newEnv(t, set.C, "orders")
+		ids := e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "b"}, outbox.Message{Topic: "orders", Key: "a"})
+		f := e.forwarder(t, kafka.Config{})
+		acked := make(chan []error, 1)
+		var once sync.Once
+		// Concurrency 3: A's blocked batch holds its slots, so A does not
+		// claim the messages again itself when its lease lapses.
+		stopA := e.relay(t, outbox.RelayConfig{Lease: time.Second, DisableLeaseRenewal: true, ShutdownGrace: 50 * time.Millisecond, Concurrency: 3},
+			func(ctx context.Context, ds []outbox.Delivery) []error {
+				errs := f.Handler()(ctx, ds)
+				once.Do(func() { acked <- errs })
+				<-ctx.Done() // "killed": the outcomes wait until the relay stops
+				return errs
+			})
+		if errs := <-acked; len(errs) != 3 || errors.Join(errs...) != nil {
+			t.Fatalf("first produce: %v", errs)
 		}
-	}
-	if len(recs) != 6 {
-		t.Errorf("%d records, want 6", len(recs))
-	}
+		e.relay(t, outbox.RelayConfig{}, f.Handler()) // after A's lease lapses
+		waitFor(t, 20*time.Second, "the messages delivered again", func() bool { return e.count(t, "") == 0 })
+		stopA() // its outcomes are fenced off now
+		recs := e.consume(t, 6, 10*time.Second, "orders")
+		times := map[string]int{}
+		for _, r := range recs {
+			s, _ := header(r, kafka.IDHeader)
+			times[s]++
+		}
+		for _, id := range ids {
+			if times[id.String()] != 2 {
+				t.Errorf("message %s produced %d times, want 2 with the same %s", id, times[id.String()], kafka.IDHeader)
+			}
+		}
+		if len(recs) != 6 {
+			t.Errorf("%d records, want 6", len(recs))
+		}
+	})
 }
 
 // TestProduceErrorRetries: while Kafka refuses the produce requests, the
 // messages are retried with backoff and never settled done; once it
 // accepts them they are delivered.
 func TestProduceErrorRetries(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, "orders")
-	var refusing atomic.Bool
-	refusing.Store(true)
-	var refused atomic.Int32
-	e.cluster.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		e.cluster.KeepControl()
-		if !refusing.Load() {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.InvalidRecord.Code
-				st.Partitions = append(st.Partitions, sp)
+	fwdtest.Under(t, settings, func(t *testing.T, set fwdtest.Setting[[]kgo.Opt]) {
+		e := newEnv(t, set.C, "orders")
+		var refusing atomic.Bool
+		refusing.Store(true)
+		var refused atomic.Int32
+		e.cluster.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+			e.cluster.KeepControl()
+			if !refusing.Load() {
+				return nil, nil, false
 			}
-			resp.Topics = append(resp.Topics, st)
+			refused.Add(1)
+			req := kreq.(*kmsg.ProduceRequest)
+			resp := req.ResponseKind().(*kmsg.ProduceResponse)
+			for _, rt := range req.Topics {
+				st := kmsg.NewProduceResponseTopic()
+				st.Topic, st.TopicID = rt.Topic, rt.TopicID
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewProduceResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, kerr.InvalidRecord.Code
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		})
+		ids := e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "b"}, outbox.Message{Topic: "orders"})
+		f := e.forwarder(t, kafka.Config{})
+		e.relay(t, outbox.RelayConfig{MaxAttempts: outbox.UnlimitedAttempts, RetryBase: 20 * time.Millisecond, RetryCap: 50 * time.Millisecond}, f.Handler())
+		waitFor(t, 20*time.Second, "the messages failing twice", func() bool {
+			return e.count(t, `attempts >= 2 AND last_error LIKE '%INVALID_RECORD%'`) == 3
+		})
+		if n := e.count(t, ""); n != 3 || refused.Load() == 0 {
+			t.Fatalf("%d messages left while Kafka refused them (%d requests refused), want all 3", n, refused.Load())
 		}
-		return resp, nil, true
-	})
-	ids := e.publish(t, outbox.Message{Topic: "orders", Key: "a"}, outbox.Message{Topic: "orders", Key: "b"}, outbox.Message{Topic: "orders"})
-	f := e.forwarder(t, kafka.Config{})
-	e.relay(t, outbox.RelayConfig{MaxAttempts: outbox.UnlimitedAttempts, RetryBase: 20 * time.Millisecond, RetryCap: 50 * time.Millisecond}, f.Handler())
-	waitFor(t, 20*time.Second, "the messages failing twice", func() bool {
-		return e.count(t, `attempts >= 2 AND last_error LIKE '%INVALID_RECORD%'`) == 3
-	})
-	if n := e.count(t, ""); n != 3 || refused.Load() == 0 {
-		t.Fatalf("%d messages left while Kafka refused them (%d requests refused), want all 3", n, refused.Load())
-	}
-	refusing.Store(false)
-	waitFor(t, 20*time.Second, "the messages delivered", func() bool { return e.count(t, "") == 0 })
-	got := map[string]bool{}
-	for _, r := range e.consume(t, 3, 10*time.Second, "orders") {
-		s, _ := header(r, kafka.IDHeader)
-		got[s] = true
-	}
-	for _, id := range ids {
-		if !got[id.String()] {
-			t.Errorf("message %s not in Kafka", id)
+		refusing.Store(false)
+		waitFor(t, 20*time.Second, "the messages delivered", func() bool { return e.count(t, "") == 0 })
+		got := map[string]bool{}
+		for _, r := range e.consume(t, 3, 10*time.Second, "orders") {
+			s, _ := header(r, kafka.IDHeader)
+			got[s] = true
 		}
-	}
+		for _, id := range ids {
+			if !got[id.String()] {
+				t.Errorf("message %s not in Kafka", id)
+			}
+		}
+	})
 }
 
 // TestNewRefusesNonDurableClient: a client with acks other than all, or
