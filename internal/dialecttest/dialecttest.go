@@ -55,6 +55,7 @@ type env struct {
 	*Store
 	ob *outbox.Outbox
 	rd outboxdriver.RelayDialect
+	h  Harness // what made it, for cases that need more stores
 }
 
 // envCase is one conformance case: a named test on a fresh env.
@@ -126,7 +127,7 @@ func newEnv(t testing.TB, h Harness) *env {
 	if !ok {
 		t.Fatalf("%s has no relay", h.Dialect.Name())
 	}
-	return &env{Store: s, ob: ob, rd: rd}
+	return &env{Store: s, ob: ob, rd: rd, h: h}
 }
 
 func (e *env) publish(t *testing.T, msgs ...outbox.Message) []outbox.Result {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,13 +17,16 @@ import (
 )
 
 // This file holds the forced interleavings of ordered delivery: every
-// pair of operations (claim, settle done / retry / dead / held, renewal,
-// lease lapse and reclaim, redrive, skip, delete, purge, a publish whose
-// transaction is held open), one parked after each of its statements while
-// the other runs, then resumed; after each schedule the invariants of
-// docs/internals.md ("Ordered delivery: states and invariants") are
-// checked on the table (checkInvariants), then every key is drained and
-// must deliver in key order without a key left stuck.
+// pair of operations (claim, settle done / retry / dead / held, a run
+// member dead under Continue, renewal, lease lapse and reclaim, redrive,
+// skip and delete on a halted key and on the claimed key, purge, publishes
+// committed at once, and a publish whose transaction is held open), one
+// parked after each of its statements while the other runs, then resumed;
+// after each schedule the invariants of docs/internals.md ("Ordered
+// delivery: states and invariants") are checked on the table
+// (checkInvariants: I1-I4; I5 after a redrive; I6: an operation on keys a
+// held publish did not write must not wait for it), then every key is
+// drained and must deliver in key order without a key left stuck.
 
 // world is the state a schedule starts from and the claims live in it.
 //
@@ -31,6 +35,7 @@ import (
 //	J: j1 dead under Halt (the key's halted head), j2 blocked.
 //	L: l1 dead under Continue, l2 the key's head (pending).
 type world struct {
+	t      *testing.T
 	e      *env
 	g      *Gate
 	db     outbox.DB
@@ -64,7 +69,7 @@ var allTopics = []string{topicX, topicK}
 
 func newWorld(t *testing.T, e *env, lapsed bool) *world {
 	t.Helper()
-	w := &world{e: e, lapsed: lapsed, od: e.od(t), live: map[outboxdriver.Fence]heldRun{}}
+	w := &world{t: t, e: e, lapsed: lapsed, od: e.od(t), live: map[outboxdriver.Fence]heldRun{}}
 	w.g = NewGate(e.DB)
 	w.db = w.g.DB()
 	msg := func(k string) outbox.Message { return outbox.Message{Topic: topicX, Key: k} }
@@ -100,10 +105,16 @@ func newWorld(t *testing.T, e *env, lapsed bool) *world {
 	return w
 }
 
-// op is one operation of a schedule.
+// op is one operation of a schedule. keys are the keys it writes: it may
+// wait for a business transaction that holds one of them, never for one
+// that holds only others (I6). bOnly marks an operation that is never the
+// parked one (a publish in a transaction of its own, which the Gate does
+// not see).
 type op struct {
-	name string
-	run  func(ctx context.Context, w *world) error
+	name  string
+	keys  []string
+	run   func(ctx context.Context, w *world) error
+	bOnly bool
 }
 
 // settleR1 writes an outcome of relay R1's claim of K: done are how many
@@ -137,7 +148,7 @@ func settleR1(done int, kind outboxdriver.SettleKind, halt bool) func(ctx contex
 
 // ops are the operations every pair is drawn from.
 var ops = []op{
-	{"claim", func(ctx context.Context, w *world) error {
+	{"claim", nil, func(ctx context.Context, w *world) error {
 		cs, _, err := w.od.ClaimOrdered(ctx, w.db, w.e.ob.Table(), outboxdriver.ClaimParams{
 			Topics: allTopics, Limit: 10, Lease: time.Minute, MaxAttempts: 100}, 10)
 		w.mu.Lock()
@@ -154,12 +165,14 @@ var ops = []op{
 			}
 		}
 		return err
-	}},
-	{"settle-done", settleR1(3, 0, false)},
-	{"settle-retry", settleR1(1, outboxdriver.SettleRetry, false)},
-	{"settle-dead-halt", settleR1(1, outboxdriver.SettleDead, true)},
-	{"settle-dead-continue", settleR1(0, outboxdriver.SettleDead, false)},
-	{"renew", func(ctx context.Context, w *world) error {
+	}, false},
+	{"settle-done", []string{"K"}, settleR1(3, 0, false), false},
+	{"settle-retry", []string{"K"}, settleR1(1, outboxdriver.SettleRetry, false), false},
+	{"settle-dead-halt", []string{"K"}, settleR1(1, outboxdriver.SettleDead, true), false},
+	{"settle-dead-continue", []string{"K"}, settleR1(0, outboxdriver.SettleDead, false), false},
+	// A run member (k2) dies under Continue after the head succeeded.
+	{"settle-member-dead-continue", []string{"K"}, settleR1(1, outboxdriver.SettleDead, false), false},
+	{"renew", []string{"K"}, func(ctx context.Context, w *world) error {
 		applied, err := w.e.rd.Renew(ctx, w.db, w.e.ob.Table(), time.Minute, []outboxdriver.Fence{w.r1})
 		if len(applied) > 0 {
 			// R1 holds K again, even after its lease had lapsed: no
@@ -171,36 +184,84 @@ var ops = []op{
 			w.mu.Unlock()
 		}
 		return err
-	}},
-	{"redrive", func(ctx context.Context, w *world) error {
+	}, false},
+	{"redrive", []string{"J", "L"}, func(ctx context.Context, w *world) error {
 		_, err := w.e.ob.Redrive(ctx, w.db, "")
 		return err
-	}},
-	{"skip", func(ctx context.Context, w *world) error {
+	}, false},
+	{"skip", []string{"J"}, func(ctx context.Context, w *world) error {
 		_, _, err := w.e.ob.SkipHead(ctx, w.db, "J")
 		return err
-	}},
-	{"delete", func(ctx context.Context, w *world) error {
+	}, false},
+	// Skip on the key whose head a relay holds: K has no halted head, so
+	// nothing changes.
+	{"skip-K", []string{"K"}, func(ctx context.Context, w *world) error {
+		_, _, err := w.e.ob.SkipHead(ctx, w.db, "K")
+		return err
+	}, false},
+	{"delete", []string{"L"}, func(ctx context.Context, w *world) error {
 		_, err := w.e.ob.Act(ctx, w.db, outbox.ActDelete, outbox.Filter{Key: "L"}, quietAct)
 		return err
-	}},
-	{"purge", func(ctx context.Context, w *world) error {
+	}, false},
+	// Delete on the key whose head a relay holds: the claimed head and its
+	// run stay (never deleted under a live claim).
+	{"delete-K", []string{"K"}, func(ctx context.Context, w *world) error {
+		_, err := w.e.ob.Act(ctx, w.db, outbox.ActDelete, outbox.Filter{Key: "K"}, quietAct)
+		return err
+	}, false},
+	{"purge", []string{"J", "L"}, func(ctx context.Context, w *world) error {
 		_, err := w.e.ob.Purge(ctx, w.db, outbox.PurgeOptions{States: []outbox.State{outbox.StateDead}})
 		return err
-	}},
+	}, false},
+	// Publishes in transactions of their own, committed at once: on K (the
+	// claimed key), and on J (the halted key).
+	{"publish-now-K", []string{"K"}, publishNow("K"), true},
+	{"publish-now-J", []string{"J"}, publishNow("J"), true},
+}
+
+// publishNow publishes one message to key in a transaction of its own
+// and commits.
+func publishNow(key string) func(ctx context.Context, w *world) error {
+	return func(ctx context.Context, w *world) error {
+		tx := w.e.Begin(w.t)
+		if _, err := w.e.ob.Publish(ctx, tx.Tx, outbox.Message{Topic: topicX, Key: key}); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
 }
 
 var quietAct = &outbox.ActOptions{Logger: slog.New(slog.DiscardHandler)}
 
-// publishOp is the publish of one message to K and one to L in a
-// business transaction; parked, it is held open (uncommitted) while the
-// other operation runs.
-const publishOp = "publish"
+// heldPublishes are the publishes a schedule holds open as its parked
+// operation: a business transaction that published one message on each
+// of its keys and is not committed while the other operation runs.
+var heldPublishes = []struct {
+	name string
+	keys []string
+}{
+	{"publish", []string{"K", "L"}},
+	{"publish-held-K", []string{"K"}},
+}
 
-func (w *world) publish(t *testing.T) (commit func() error) {
+func heldKeys(name string) ([]string, bool) {
+	for _, p := range heldPublishes {
+		if p.name == name {
+			return p.keys, true
+		}
+	}
+	return nil, false
+}
+
+func (w *world) publish(t *testing.T, keys []string) (commit func() error) {
 	t.Helper()
 	tx := w.e.Begin(t)
-	if _, err := w.e.ob.PublishBatch(context.Background(), tx.Tx, []outbox.Message{{Topic: topicX, Key: "K"}, {Topic: topicX, Key: "L"}}); err != nil {
+	msgs := make([]outbox.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = outbox.Message{Topic: topicX, Key: k}
+	}
+	if _, err := w.e.ob.PublishBatch(context.Background(), tx.Tx, msgs); err != nil {
 		t.Fatal(err)
 	}
 	return tx.Commit
@@ -214,23 +275,26 @@ func orderedInterleavings(t *testing.T, e *env) {
 	if os.Getenv("OUTBOX_RELIABILITY") == "long" {
 		parks = []int{1, 2, 3, 4}
 	}
-	names := []string{publishOp}
+	var names []string
+	for _, p := range heldPublishes {
+		names = append(names, p.name)
+	}
 	for _, o := range ops {
-		names = append(names, o.name)
+		if !o.bOnly {
+			names = append(names, o.name)
+		}
 	}
 	schedules := 0
 	for _, lapsed := range []bool{false, true} {
 		for _, a := range names {
-			for _, b := range names {
-				if b == publishOp {
-					continue // a publisher runs alone; parked as A, it is held open
-				}
+			_, held := heldKeys(a)
+			for _, b := range ops {
 				for _, n := range parks {
-					if a == publishOp && n > 1 {
+					if held && n > 1 {
 						continue
 					}
-					name := fmt.Sprintf("lapsed=%v/%s@%d/%s", lapsed, a, n, b)
-					if !runSchedule(t, e, name, lapsed, a, n, b) {
+					name := fmt.Sprintf("lapsed=%v/%s@%d/%s", lapsed, a, n, b.name)
+					if !runSchedule(t, e, name, lapsed, a, n, b.name) {
 						break // a has fewer statements
 					}
 					schedules++
@@ -254,16 +318,25 @@ func opNamed(name string) op {
 }
 
 // runSchedule runs one schedule on a fresh world: a parked after its n-th
-// statement, b run to its end (or until it has waited 300ms on a lock a
+// statement, b run to its end (or until it has waited 100ms on a lock a
 // holds, then a resumed), a's end; then the invariants and a drain. It
 // reports false, running nothing more, when a ends before statement n.
+// When a is a publish held open and b writes none of its keys, b must not
+// wait for it (I6; not on SQLite, whose one writer waits for any open
+// write transaction): b then gets 2s, far more than it takes, before it
+// counts as waiting.
 func runSchedule(t *testing.T, e *env, name string, lapsed bool, a string, n int, b string) bool {
 	t.Helper()
 	resetTables(t, e)
 	w := newWorld(t, e, lapsed)
 	var resume func() error
-	if a == publishOp {
-		resume = w.publish(t)
+	within := 100 * time.Millisecond
+	mustNotWait := false
+	if keys, held := heldKeys(a); held {
+		resume = w.publish(t, keys)
+		if e.ob.Dialect().Name() != "sqlite" && !slices.ContainsFunc(opNamed(b).keys, func(k string) bool { return slices.Contains(keys, k) }) {
+			mustNotWait, within = true, 2*time.Second
+		}
 	} else {
 		var ok bool
 		resume, ok = runParked(t, w.g, "A", n, func(ctx context.Context) error { return opNamed(a).run(ctx, w) })
@@ -271,15 +344,59 @@ func runSchedule(t *testing.T, e *env, name string, lapsed bool, a string, n int
 			return false
 		}
 	}
-	errA, errB, _ := runBlocked(w.g, "B", 100*time.Millisecond, func(ctx context.Context) error { return opNamed(b).run(ctx, w) }, resume)
+	errA, errB, waited := runBlocked(w.g, "B", within, func(ctx context.Context) error { return opNamed(b).run(ctx, w) }, resume)
 	for _, err := range []error{errA, errB} {
 		if err != nil && !retryable(err) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+	if mustNotWait && waited {
+		t.Errorf("%s: I6: %s waited for a transaction that published only on other keys", name, b)
+	}
 	checkInvariants(t, e, name, w.liveClaims())
+	if a == "redrive" || b == "redrive" {
+		w.checkRedrivePlace(t, name, a == "skip" || b == "skip")
+	}
 	w.drain(t, name)
 	return true
+}
+
+// checkRedrivePlace checks I5 after a schedule with a redrive: L's l1,
+// dead under Continue, once redriven comes after l2, published before the
+// redrive; J's halted head j1, once redriven, keeps its place before j2
+// (unless a skip of J may have run first: then the skipped j1 is redriven
+// after j2, which drain's order check covers).
+func (w *world) checkRedrivePlace(t *testing.T, name string, skipped bool) {
+	t.Helper()
+	seq := func(id outbox.ID) (int64, string, bool) {
+		rows, err := w.e.DB.QueryDB(context.Background(), `SELECT key_seq, state FROM `+w.e.Table+` WHERE `+idIs(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var s int64
+		var st string
+		if !rows.Next() {
+			return 0, "", false
+		}
+		if err := rows.Scan(&s, &st); err != nil {
+			t.Fatal(err)
+		}
+		return s, st, true
+	}
+	if s1, st1, ok1 := seq(w.l[0]); ok1 && st1 != "dead" {
+		if s2, _, ok2 := seq(w.l[1]); ok2 && s1 <= s2 {
+			t.Errorf("%s: I5: redriven l1 (dead under Continue) at key_seq %d, not after l2 (%d), published before the redrive", name, s1, s2)
+		}
+	}
+	if skipped {
+		return
+	}
+	if s1, st1, ok1 := seq(w.j[0]); ok1 && st1 != "dead" {
+		if s2, _, ok2 := seq(w.j[1]); ok2 && s1 >= s2 {
+			t.Errorf("%s: I5: redriven halted head j1 at key_seq %d, not before j2 (%d)", name, s1, s2)
+		}
+	}
 }
 
 // retryable reports whether err is one a relay or an operator tries again

@@ -1038,44 +1038,105 @@ func (s *modelRun) drain() {
 	s.fail("the drain did not end")
 }
 
-// longSteps are the steps of a sequence of the long run and of modelSeeds.
-const longSteps = 30
+// longSteps are the steps of a sequence of modelSeeds and of a replayed
+// seed; modelSteps those of the short run's sequences, longRunSteps those
+// of the long run's.
+const (
+	longSteps    = 30
+	modelSteps   = 15
+	longRunSteps = 12
+)
+
+// modelSequences is the number of random sequences of one dialect and
+// driver: 20 in the short run; under OUTBOX_RELIABILITY=long, 1,200 (of
+// longRunSteps each), run by modelWorkers workers at once, each on a
+// table of its own (one on a harness whose tests cannot run in parallel,
+// SQLite's one file), so that thousands of sequences run in CI on every
+// dialect and driver in minutes.
+const (
+	modelShortSequences = 20
+	modelLongSequences  = 1200
+	modelWorkers        = 4
+)
 
 // orderedModel runs seeded random sequences against the dialect and the
-// model: modelSeeds first, then 20 sequences of 15 steps (under
-// OUTBOX_RELIABILITY=long, 70 of longSteps), each from a seed of its own,
-// logged when it fails; OUTBOX_MODEL_SEED runs that one seed alone, with
-// longSteps.
+// model: modelSeeds first, then the random sequences, each from a seed of
+// its own, logged when it fails; OUTBOX_MODEL_SEED runs that one seed
+// alone, with longSteps; OUTBOX_MODEL_SEQUENCES sets the number of random
+// sequences.
 func orderedModel(t *testing.T, e *env) {
 	seeds := slices.Clone(modelSeeds)
-	n, steps := 20, 15
-	if os.Getenv("OUTBOX_RELIABILITY") == "long" {
-		n, steps = 70, longSteps
+	n, steps := modelShortSequences, modelSteps
+	long := os.Getenv("OUTBOX_RELIABILITY") == "long"
+	if long {
+		n, steps = modelLongSequences, longRunSteps
 	}
 	if v := os.Getenv("OUTBOX_MODEL_SEED"); v != "" {
 		seed, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			t.Fatalf("OUTBOX_MODEL_SEED: %v", err)
 		}
-		seeds, n = []uint64{seed}, 0
+		seeds, n, long = []uint64{seed}, 0, false
 	}
-	kept := len(seeds)
-	for range n {
-		seeds = append(seeds, rand.Uint64())
-	}
-	for i, seed := range seeds {
-		resetTables(t, e)
-		g := NewGate(e.DB)
-		s := &modelRun{t: t, e: e, od: e.od(t), g: g, db: g.DB(), seed: seed,
-			r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), m: newModel()}
-		n := steps
-		if i < kept {
-			n = longSteps
+	if v := os.Getenv("OUTBOX_MODEL_SEQUENCES"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			t.Fatalf("OUTBOX_MODEL_SEQUENCES: %v", err)
 		}
-		for range n {
-			s.step()
-		}
-		s.drain()
 	}
-	t.Logf("%d sequences of %d steps", len(seeds), steps)
+	for _, seed := range seeds {
+		runModelSequence(t, e, seed, longSteps)
+	}
+	random := make([]uint64, n)
+	for i := range random {
+		random[i] = rand.Uint64()
+	}
+	workers := 1
+	if long && e.h.Parallel {
+		workers = modelWorkers
+	}
+	if workers == 1 {
+		for _, seed := range random {
+			runModelSequence(t, e, seed, steps)
+		}
+		t.Logf("%d kept sequences of %d steps, %d random sequences of %d steps", len(seeds), longSteps, n, steps)
+		return
+	}
+	// Each worker is a subtest with a store of its own: the sequences of
+	// one worker run one after another, the workers side by side.
+	cfg := outbox.Config{OrderByKey: true}
+	t.Run("workers", func(t *testing.T) {
+		for w := range workers {
+			share := random[w*len(random)/workers : (w+1)*len(random)/workers]
+			t.Run(fmt.Sprintf("w%d", w), func(t *testing.T) {
+				t.Parallel()
+				we := newEnv(t, e.h)
+				c := cfg
+				c.Table = we.Table
+				ob, err := outbox.New(e.h.Dialect, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				we.ob = ob
+				for _, seed := range share {
+					runModelSequence(t, we, seed, steps)
+				}
+			})
+		}
+	})
+	t.Logf("%d kept sequences of %d steps, %d random sequences of %d steps on %d workers", len(seeds), longSteps, n, steps, workers)
+}
+
+// runModelSequence runs the sequence of seed, of steps steps, on a
+// freshly emptied table, then drains it.
+func runModelSequence(t *testing.T, e *env, seed uint64, steps int) {
+	t.Helper()
+	resetTables(t, e)
+	g := NewGate(e.DB)
+	s := &modelRun{t: t, e: e, od: e.od(t), g: g, db: g.DB(), seed: seed,
+		r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), m: newModel()}
+	for range steps {
+		s.step()
+	}
+	s.drain()
 }
