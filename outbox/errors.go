@@ -7,12 +7,10 @@ import (
 	"strings"
 )
 
-// Sentinel errors. Match them with [errors.Is]; the error returned usually wraps
-// one of these together with the driver's own error, so errors.As still finds
-// the driver's type (for example *pgconn.PgError).
+// Sentinel errors. Match them with [errors.Is]; errors.As still finds the
+// driver's error (such as *pgconn.PgError) they wrap.
 var (
-	// ErrInvalidMessage is wrapped by every [*MessageError]. Publish returns
-	// it before sending anything, so the caller's transaction stays usable.
+	// ErrInvalidMessage is wrapped by every [*MessageError].
 	ErrInvalidMessage = errors.New("outbox: invalid message")
 )
 

@@ -10,18 +10,16 @@ import (
 
 // Delivery is one attempt at delivering a message, as a handler sees it.
 type Delivery struct {
-	// ID is the message's stable id: use it as the idempotency key of the
-	// side effect. It is the same on every attempt.
+	// ID is the message's id, the same on every attempt: the side
+	// effect's idempotency key.
 	ID ID
-	// Topic, Key, Headers and Payload are as published (Key is "" when
-	// none was set; Payload is nil when none was set).
+	// Topic, Key, Headers and Payload are as published.
 	Topic   string
 	Key     string
 	Headers map[string]string
 	Payload []byte
-	// Attempt counts the claims of this message, this one included: 1 on
-	// the first delivery. It also counts claims whose handler never finished
-	// (a crash), so it can exceed the number of handler runs you observed.
+	// Attempt counts the claims of this message, this one and crashed ones
+	// included: 1 on the first delivery.
 	Attempt int
 	// CreatedAt is when the message was published, on the database clock.
 	CreatedAt time.Time
@@ -36,26 +34,19 @@ type Delivery struct {
 //   - [RetryAfter] or [RetryAt]: retry at that time (still an attempt).
 //   - [DeadLetter]: dead-letter now, with the reason.
 //
-// A panic is recovered and counts as an error. The context is cancelled
-// when the relay shuts down and the grace period has passed, or when the
-// lease is lost; a handler should return promptly then.
+// A panic counts as an error. The context is cancelled when the lease is
+// lost or the shutdown grace ends.
 type Handler func(ctx context.Context, d Delivery) error
 
-// BatchHandler handles several deliveries at once and returns one outcome
-// per delivery, in the same order; each outcome means what a [Handler]'s
-// return means (nil done, an error retry with backoff or dead after
-// RelayConfig.MaxAttempts, [RetryAfter]/[RetryAt], [DeadLetter]). A result
-// of another length, or a panic, counts as that error for every delivery
-// of the batch. Register it with [Relay.HandleBatch]; a forwarder to a
-// broker publishes a whole claim with one round trip this way. The relay
-// never calls it with no delivery; it may call it with one.
+// BatchHandler handles one or more deliveries at once and returns one
+// outcome per delivery, in order, each meaning what a [Handler]'s return
+// means. A result of another length, or a panic, is an error for every
+// delivery. Register it with [Relay.HandleBatch].
 type BatchHandler func(ctx context.Context, ds []Delivery) []error
 
 // AllTopics, as the topic of [Relay.Handle] or [Relay.HandleBatch],
-// registers the catch-all handler: the relay claims the messages of every
-// topic, and gives those of topics that have no handler of their own to
-// it (a topic's own handler wins). A message published with the topic
-// "*" itself is handled by the catch-all.
+// registers the catch-all: it handles every topic without a handler of its
+// own.
 const AllTopics = "*"
 
 // RetryError asks for a retry at a given time. Build it with [RetryAfter] or

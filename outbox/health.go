@@ -14,15 +14,14 @@ type ListenerState int
 
 // The states of a relay's listener.
 const (
-	// ListenerOff: the relay polls only (RelayConfig.Listen is ListenOff,
-	// or the dialect or the driver cannot listen), or Run is not running.
+	// ListenerOff: the relay polls only, or Run is not running.
 	ListenerOff ListenerState = iota
 	// ListenerConnecting: opening the listening connection.
 	ListenerConnecting
 	// ListenerListening: LISTEN is in force; publishes wake the relay.
 	ListenerListening
-	// ListenerDown: the connection was lost; the relay reconnects with
-	// backoff and polls meanwhile.
+	// ListenerDown: the connection was lost; the relay polls and
+	// reconnects.
 	ListenerDown
 )
 
@@ -44,11 +43,10 @@ func (s ListenerState) String() string {
 var (
 	// ErrRelayNotRunning: Run has not been called, or has returned.
 	ErrRelayNotRunning = errors.New("outbox: relay is not running")
-	// ErrRelayDraining: Run's context has ended; the relay claims nothing
-	// more and is finishing its running handlers.
+	// ErrRelayDraining: Run's context has ended.
 	ErrRelayDraining = errors.New("outbox: relay is shutting down")
-	// ErrRelayFailing: the relay's last claims failed (see
-	// [Health.ConsecutiveErrors]); the error also wraps the last one.
+	// ErrRelayFailing: the relay's last claims failed; the error also
+	// wraps the last one.
 	ErrRelayFailing = errors.New("outbox: relay cannot claim")
 )
 
@@ -62,31 +60,26 @@ const unhealthyAfter = 3
 type Health struct {
 	// Running is true from the start of Run until it returns.
 	Running bool
-	// Draining is true once Run's context has ended: the relay claims no
-	// more and lets its running handlers finish.
+	// Draining is true once Run's context has ended.
 	Draining bool
-	// LastClaim is when the last claim that succeeded ended (whether or
-	// not it found messages); zero before the first.
+	// LastClaim is when the last successful claim ended.
 	LastClaim time.Time
-	// ConsecutiveErrors counts the claims that failed since the last one
-	// that succeeded; LastError is the last of them (nil when zero).
+	// ConsecutiveErrors counts the claims that failed since the last
+	// success; LastError is the last of them.
 	ConsecutiveErrors int
 	LastError         error
-	// Listener is the state of the wake-up listener; ListenerOff when the
-	// relay polls only.
+	// Listener is the state of the wake-up listener.
 	Listener ListenerState
-	// ListenerConnects counts the connections on which LISTEN took effect
-	// since Run started: more than one means the listener reconnected.
+	// ListenerConnects counts the connections LISTEN took effect on since
+	// Run started.
 	ListenerConnects int
 	// Running handlers, at the time of the snapshot.
 	InFlight int
 }
 
-// Err returns nil when the relay is running and claiming: not started or
-// returned ([ErrRelayNotRunning]), shutting down ([ErrRelayDraining]), or
-// three claims failed in a row ([ErrRelayFailing], wrapping the
-// last claim error) make it an error. A listener that is down is not an
-// error: polling still delivers, only later. It suits a readiness probe.
+// Err returns nil when the relay is running and claiming, else
+// [ErrRelayNotRunning], [ErrRelayDraining] or, after three failed claims in
+// a row, [ErrRelayFailing]. A listener that is down is no error.
 func (h Health) Err() error {
 	switch {
 	case !h.Running:
@@ -151,9 +144,8 @@ func (hs *health) listener(s ListenerState, connected bool) {
 	hs.mu.Unlock()
 }
 
-// Health returns a snapshot of the relay's state: whether it runs, its
-// last claim, its failures in a row and its listener. It is cheap and safe
-// to call from any goroutine, for example from an HTTP readiness probe:
+// Health returns a snapshot of the relay's state, cheaply, from any
+// goroutine; for a readiness probe:
 //
 //	http.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
 //		if err := relay.Health().Err(); err != nil {

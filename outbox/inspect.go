@@ -14,8 +14,7 @@ import (
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// The inspection types, defined with the plug-in API in package
-// outboxdriver.
+// The inspection types, from package outboxdriver.
 type (
 	// Filter selects messages for [Outbox.List], [Outbox.Count] and
 	// [Outbox.Act]; see [outboxdriver.Filter].
@@ -34,9 +33,8 @@ const (
 	ActRetry = outboxdriver.ActRetry
 	// ActDelete deletes messages in any state but processing.
 	ActDelete = outboxdriver.ActDelete
-	// ActSkip skips dead messages that halt their key (an Outbox with
-	// Config.OrderByKey, HaltKey policy), as [Outbox.SkipHead] does: each
-	// stays dead and its key flows again.
+	// ActSkip skips dead messages that halt their key, as
+	// [Outbox.SkipHead] does.
 	ActSkip = outboxdriver.ActSkip
 )
 
@@ -60,9 +58,8 @@ var (
 	ErrInvalidFilter = errors.New("outbox: invalid filter")
 )
 
-// FilterError reports a [Filter] (or a page size) that [Outbox.List],
-// [Outbox.Count], [Outbox.Get] or [Outbox.Act] refused before sending any
-// SQL. It wraps [ErrInvalidFilter].
+// FilterError reports a [Filter] (or a page size) refused before any SQL.
+// It wraps [ErrInvalidFilter].
 type FilterError struct {
 	// Field names the offending field of Filter, or "Limit" or "Action".
 	Field string
@@ -86,18 +83,12 @@ type Page struct {
 	Next ID
 }
 
-// ActOptions say who runs [Outbox.Act] (or an operator's [Outbox.Purge],
-// see PurgeOptions.Operator) and where it is logged. The log line is the
-// audit record of operators' actions: message "outbox: operator action"
-// at level Info ("outbox: operator action failed" at level Error, with an
-// "error" attribute), with the attributes action (redrive, retry, delete,
-// skip, purge), actor, table, filter (as `state=dead topic="order.placed"`),
-// changed (how many messages changed, so far when it failed) and took. A
-// service that keeps an audit trail elsewhere gives a Logger whose
-// handler writes there.
+// ActOptions say who runs [Outbox.Act] (or an operator's [Outbox.Purge])
+// and where its audit line goes: "outbox: operator action" at level Info
+// ("... failed" at Error, with "error"), with the attributes action, actor,
+// table, filter, changed and took.
 type ActOptions struct {
-	// Actor names who asks (an operator's name, "cli:alice",
-	// "dashboard"), for the log line. Defaults to "".
+	// Actor names who asks ("cli:alice", "dashboard"). Defaults to "".
 	Actor string
 	// Logger receives one line per call. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -111,13 +102,11 @@ func (o *Outbox) inspector() (outboxdriver.Inspector, error) {
 	return in, nil
 }
 
-// List returns up to limit messages matching f (0 means
-// [DefaultPageSize], at most [MaxPageSize]) in id order, which is creation
-// order, without their payloads and headers (see [Outbox.Get]). Pass
-// Page.Next as f.After for the next page: pages are stable under
-// concurrent publishes, since a new message has a greater id than every
-// message listed before it, so no message is listed twice or skipped.
-// A bad filter is a [*FilterError], before any SQL.
+// List returns up to limit messages matching f (0 means [DefaultPageSize],
+// at most [MaxPageSize]) in id (creation) order, without payloads and
+// headers. Pass Page.Next as f.After for the next page; concurrent
+// publishes make no message listed twice or skipped. A bad filter is a
+// [*FilterError], before any SQL.
 func (o *Outbox) List(ctx context.Context, db DB, f Filter, limit int) (Page, error) {
 	in, err := o.inspector()
 	if err != nil {
@@ -144,8 +133,7 @@ func (o *Outbox) List(ctx context.Context, db DB, f Filter, limit int) (Page, er
 	return p, nil
 }
 
-// Count returns how many messages match f. It reads every matching index
-// entry (or row): a count of a large backlog takes as long as that.
+// Count returns how many messages match f, reading every match.
 func (o *Outbox) Count(ctx context.Context, db DB, f Filter) (int64, error) {
 	in, err := o.inspector()
 	if err != nil {
@@ -181,28 +169,13 @@ func (o *Outbox) Get(ctx context.Context, db DB, id ID) (MessageInfo, error) {
 	return ms[0], nil
 }
 
-// Act applies a to the messages matching f and returns how many it
-// changed. Each action changes only messages in its source state, checked
-// again in the statement that changes them, so a message a relay claimed,
-// settled or reclaimed meanwhile is left as it is:
-//
-//   - [ActRedrive]: dead -> pending, due now, with RelayConfig.MaxAttempts
-//     fresh attempts (as [Outbox.Redrive]);
-//   - [ActRetry]: pending but not yet due -> due now;
-//   - [ActDelete]: deleted, unless processing;
-//   - [ActSkip]: dead messages that halt their key are skipped, each as
-//     [Outbox.SkipHead] does it and only while it is still its key's
-//     head, one short transaction per key; other messages are left alone.
-//     It needs Config.OrderByKey ([ErrUnsupported] otherwise).
-//
-// Ordered messages keep their keys' order through every action: a redrive
-// re-enters them as [Outbox.Redrive] does, and a delete leaves a key's
-// pending, blocked and halted messages alone ([Outbox.Plan] says why).
-//
-// It works in short batches, each committing on its own, until none is
-// left or ctx ends: interrupted, it returns the count so far with the
-// error, and running it again goes on. f must set some field and not
-// After. One line is logged per call (see [ActOptions]).
+// Act applies a to the messages matching f that are in its source state
+// when the statement runs, and returns how many it changed. Ordered
+// messages keep their keys' order: a delete leaves a key's pending, blocked
+// and halted messages alone ([Outbox.Plan] says why); ActSkip needs
+// Config.OrderByKey. It commits in short batches: interrupted, it returns
+// the count so far with the error. f must set some field and not After.
+// It logs one line (see [ActOptions]).
 func (o *Outbox) Act(ctx context.Context, db DB, a Action, f Filter, opts *ActOptions) (int64, error) {
 	in, err := o.inspector()
 	if err != nil {
@@ -249,11 +222,8 @@ func checkAct(a Action, f Filter, selects bool) error {
 }
 
 // Targets returns, in id order, the ids of the messages matching f that a
-// would change if it ran now: those in its source state, less the ordered
-// ones that hold their place in their key (see [Outbox.Plan]). A
-// confirmation shows them, then hands them to [Outbox.ActOn], so the action
-// changes no message the operator was not shown. f is checked as
-// [Outbox.Act] checks it.
+// would change now: Plan.IDs of [Outbox.Plan]. Hand them to [Outbox.ActOn]
+// to change no message an operator was not shown.
 func (o *Outbox) Targets(ctx context.Context, db DB, a Action, f Filter) ([]ID, error) {
 	p, err := o.plan(ctx, db, a, f, false)
 	return p.IDs, err
@@ -261,32 +231,25 @@ func (o *Outbox) Targets(ctx context.Context, db DB, a Action, f Filter) ([]ID, 
 
 // Plan is what an action would do now, from [Outbox.Plan].
 type Plan struct {
-	// IDs are the messages the action would change, in id order: what
-	// [Outbox.Targets] returns.
+	// IDs are the messages the action would change, in id order.
 	IDs []ID
-	// Refused are the messages of the selection it would leave as they
-	// are, grouped by the reason, in the order the reasons were met.
+	// Refused are the messages of the selection it would leave alone, by
+	// reason.
 	Refused []Refusal
 }
 
 // Refusal is messages an action leaves as they are, and why.
 type Refusal struct {
-	// Reason says why, in lower case, of one message: "halts its ordered
-	// key: a delete would leave the key waiting forever; skip it (the key
-	// goes on) or redrive it".
+	// Reason says why, in lower case.
 	Reason string
 	// IDs are the messages, in id order.
 	IDs []ID
 }
 
-// Plan is [Outbox.Targets] with the messages of the selection that a
-// leaves alone, and why: with [ActDelete], the ordered messages that hold
-// their place in their key (a pending head, a blocked message, a dead head
-// that halts its key, which is to be skipped or redriven instead) and the
-// processing ones (a handler is running them); with [ActSkip], the dead
-// messages that halt no key. When f names ids, every one of them that
-// exists and that a would not change is in Refused, whatever its state.
-// A confirmation shows both, and says why when nothing would change.
+// Plan returns what a would do now to the messages matching f: the ids
+// it would change, and those it would leave alone with why (with f.IDs,
+// every named message that exists is in one or the other). f is checked
+// as [Outbox.Act] checks it.
 func (o *Outbox) Plan(ctx context.Context, db DB, a Action, f Filter) (Plan, error) {
 	return o.plan(ctx, db, a, f, true)
 }
@@ -384,19 +347,16 @@ func refusal(a Action, m MessageInfo, from []State) string {
 
 // KeyState is where an ordered key stands, from [Outbox.KeyState].
 type KeyState struct {
-	// Head is the key's head: the message delivered next (pending or
-	// processing), or the dead one that halts the key (see
-	// [MessageInfo.HaltsKey]). Its ID is zero when the key has none: none
-	// of its ordered messages is left undelivered.
+	// Head is the message delivered next, or the dead one that halts the
+	// key; its ID is zero when the key has none.
 	Head MessageInfo
 	// Blocked counts the key's messages blocked behind the head.
 	Blocked int64
 }
 
 // KeyState returns where ordered key stands: its head, without payload,
-// and how many messages wait behind it (list them with a Filter of the key
-// and [StateBlocked]). An operator's page of a dead head that halts its key
-// shows it, with what waits behind it.
+// and how many messages wait behind it (a Filter of the key and
+// [StateBlocked] lists them).
 func (o *Outbox) KeyState(ctx context.Context, db DB, key string) (KeyState, error) {
 	var ks KeyState
 	if key == "" {
@@ -424,13 +384,9 @@ func (o *Outbox) KeyState(ctx context.Context, db DB, key string) (KeyState, err
 	return ks, err
 }
 
-// ActOn is [Outbox.Act] on the messages of ids that still match f (and
-// are among f.IDs when f names ids): the ids a confirmation showed, from
-// [Outbox.Targets]. ids may be more than [MaxFilterIDs]: it acts on them
-// that many at a time. When ids is empty it changes nothing, sends no SQL
-// and logs nothing (where Act would take an empty Filter.IDs as every
-// id). f may be empty, since ids bound it, but not set After. One line is
-// logged per call, its filter f with ids=N for ids.
+// ActOn is [Outbox.Act] on the messages of ids (any number, such as
+// Plan.IDs) that still match f; f may be empty. Empty ids change nothing
+// and log nothing.
 func (o *Outbox) ActOn(ctx context.Context, db DB, a Action, f Filter, ids []ID, opts *ActOptions) (int64, error) {
 	in, err := o.inspector()
 	if err != nil {

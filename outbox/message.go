@@ -16,15 +16,12 @@ const (
 	MaxTopicBytes = 255
 	// MaxKeyBytes is the longest Key accepted, in bytes.
 	MaxKeyBytes = 255
-	// MaxDedupKeyBytes is the longest DedupKey accepted, in bytes. It keeps
-	// the unique index entry well under the database's limits.
+	// MaxDedupKeyBytes is the longest DedupKey accepted, in bytes.
 	MaxDedupKeyBytes = 512
 	// MaxHeadersBytes is the largest accepted size of the headers, encoded as JSON.
 	MaxHeadersBytes = 64 << 10
 	// MaxPayloadDepth is the deepest nesting of arrays and objects accepted
-	// in a payload on any dialect. A dialect whose JSON column accepts less
-	// says so in Capabilities.MaxJSONDepth, and that limit applies instead
-	// (MySQL/MariaDB: 31).
+	// in a payload; a dialect may accept less (MySQL/MariaDB: 31).
 	MaxPayloadDepth = 512
 )
 
@@ -32,62 +29,42 @@ const (
 type Message struct {
 	// Topic routes the message to its handler, for example "order.placed".
 	// Required: 1 to MaxTopicBytes bytes of valid UTF-8, not blank, no NUL.
-	// It is stored verbatim.
 	Topic string
 
-	// Key is an optional business key (an order id, say). It is stored in
-	// the message_key column for handlers, operators and CDC tools. From an
-	// Outbox with Config.OrderByKey, the messages of one Key are delivered
-	// one at a time in the order their transactions committed; otherwise
-	// it is no ordering guarantee.
+	// Key is an optional business key (an order id, say). With
+	// Config.OrderByKey, the messages of one Key are delivered in commit
+	// order; otherwise it orders nothing.
 	Key string
 
-	// Payload is the message body: a JSON document, stored in a JSON column.
-	// Nil or empty means no payload (SQL NULL); the JSON text null is stored
-	// as JSON null. It must be at most Config.MaxPayloadBytes long, valid
-	// UTF-8 and valid JSON (RFC 8259, what encoding/json accepts), and
-	// every supported database must be able to store it, so that a payload
-	// accepted in tests on SQLite is accepted in production on PostgreSQL:
-	//   - no \u0000 escape (PostgreSQL's jsonb refuses it);
-	//   - a \u escape of a UTF-16 surrogate (\ud800 to \udfff) only as a
-	//     high one followed by a low one, a pair such as \ud83d\ude00
-	//     (jsonb and MariaDB refuse the others);
-	//   - numbers that PostgreSQL's numeric holds (at most 131072 digits
-	//     before the point and 16383 after it, the exponent applied;
-	//     docs/dialects.md has the exact rule);
-	//   - nested at most MaxPayloadDepth deep, or the dialect's
-	//     Capabilities.MaxJSONDepth when less (MySQL/MariaDB: 31).
-	// Publish refuses any other payload with a [*MessageError] before
-	// sending anything, so the transaction stays usable.
+	// Payload is the message body, a JSON document; nil or empty stores
+	// SQL NULL. It must be at most Config.MaxPayloadBytes of valid UTF-8
+	// JSON that every supported database stores: no \u0000 escape,
+	// surrogate escapes only as pairs, numbers PostgreSQL's numeric holds,
+	// nesting at most MaxPayloadDepth (docs/dialects.md has the rules).
 	Payload []byte
 
 	// Headers are optional string metadata (trace ids, content type).
 	Headers map[string]string
 
 	// DedupKey, when not empty, makes the message unique among the stored
-	// messages with a DedupKey: publishing a second message with the same
-	// key while the first is still stored (pending, processing, dead, or
-	// delivered and kept) stores nothing and reports Duplicate in the
-	// [Result]. Both transactions stay usable.
+	// messages (in any state): a second one with the same key is not stored
+	// and its [Result] says Duplicate.
 	DedupKey string
 
-	// Delay makes the message due this long after the transaction's start on
-	// the database clock. Must not be negative; zero means due at once.
+	// Delay makes the message due this long after the transaction's start
+	// on the database clock. Must not be negative.
 	Delay time.Duration
 
-	// NotBefore makes the message due at this instant (it is never due
-	// before the database's now()). Zero means no such bound. Set at most
-	// one of Delay and NotBefore.
+	// NotBefore makes the message due at this instant (never before the
+	// database's now()). Not with Delay.
 	NotBefore time.Time
 }
 
 // Result tells the caller what Publish did with one message.
 type Result struct {
-	// ID is the id the stored message carries. It is the zero ID when the
-	// message was a duplicate and nothing was stored.
+	// ID is the stored message's id; zero for a duplicate.
 	ID ID
-	// Duplicate is true when a stored message already had the same DedupKey,
-	// so this one was not stored.
+	// Duplicate is true when a stored message had the same DedupKey.
 	Duplicate bool
 }
 

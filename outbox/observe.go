@@ -16,13 +16,11 @@ import (
 // OpenTelemetry package (module github.com/oncommit/oncommit/otel)
 // implements them; the core imports no telemetry library.
 
-// Middleware wraps a handler: it returns a handler that runs its own code
-// around next (a timeout, a recover, a span, a metric). See
-// [RelayConfig.Middleware]. It wraps Handlers only, not BatchHandlers.
+// Middleware wraps a Handler (not a BatchHandler) in its own code: a
+// timeout, a span, a metric. See [RelayConfig.Middleware].
 type Middleware func(next Handler) Handler
 
-// Outcome is what became of one delivery: the handler's result as the relay
-// settles it.
+// Outcome is what the relay settles for one delivery.
 type Outcome int
 
 // The outcomes of a delivery.
@@ -35,10 +33,8 @@ const (
 	// OutcomeDead: the message is dead-lettered (DeadLetter, its last
 	// attempt failed, or its headers could not be decoded).
 	OutcomeDead
-	// OutcomeHeld: a batch handler got the message in the run of its key
-	// (ordered delivery), after a message of its key whose outcome was not
-	// done; whatever the handler returned for it, it is not settled, not
-	// counted as an attempt, and delivered again after that message.
+	// OutcomeHeld: in an ordered batch, the message came after a failure
+	// of its key: not settled, not an attempt, delivered again.
 	OutcomeHeld
 )
 
@@ -58,9 +54,8 @@ func (o Outcome) String() string {
 
 // ClaimEvent describes one claim statement, for [RelayObserver.ClaimEnd].
 type ClaimEvent struct {
-	// Claimed is the number of rows the claim took, dead-lettered ones
-	// included; DeadLettered is how many of them were dead-lettered at
-	// claim (max attempts reached).
+	// Claimed is the number of rows the claim took; DeadLettered how many
+	// of them it dead-lettered (max attempts reached).
 	Claimed      int
 	DeadLettered int
 	// Limit is the most rows the claim could take.
@@ -77,8 +72,7 @@ type HandlerEvent struct {
 	Delivery Delivery
 	// Outcome is what the relay writes for it.
 	Outcome Outcome
-	// Duration is how long the handler ran (zero when its headers could not
-	// be decoded and it did not run).
+	// Duration is how long the handler ran.
 	Duration time.Duration
 	// Err is the handler's error (nil on OutcomeDone).
 	Err error
@@ -89,18 +83,15 @@ type HandlerEvent struct {
 // SettleEvent describes one write of outcomes, for [RelayObserver.SettleEnd].
 type SettleEvent struct {
 	// Count is the number of outcomes written; Applied those whose fence
-	// held; FencedOff = Count - Applied when Err is nil: another claim had
-	// taken those messages after their lease lapsed.
+	// held; FencedOff the others (another claim had taken them).
 	Count     int
 	Applied   int
 	FencedOff int
-	// Carried is true when the successes were written by a claim statement
-	// (one commit for both) rather than a settle statement of their own;
-	// Duration is then the claim's.
+	// Carried is true when a claim statement wrote them; Duration is then
+	// the claim's.
 	Carried  bool
 	Duration time.Duration
-	// Err is the write's error: the outcomes are written again after a
-	// backoff (Applied and FencedOff are zero).
+	// Err is the write's error; the outcomes are written again later.
 	Err error
 }
 
@@ -109,15 +100,13 @@ type DeadLetterReason int
 
 // The reasons a message is dead-lettered.
 const (
-	// DeadMaxAttempts: the claim found the message had had its
-	// RelayConfig.MaxAttempts attempts (its last attempts never finished:
-	// a crash, a lost lease); no handler ran.
+	// DeadMaxAttempts: the claim found the message out of attempts (they
+	// never finished: a crash, a lost lease); no handler ran.
 	DeadMaxAttempts DeadLetterReason = iota
 	// DeadLastAttempt: the handler failed its last attempt.
 	DeadLastAttempt
-	// DeadCancelled: the handler returned [DeadLetter] (HandleJSON does for
-	// a payload it cannot decode or validate), or the headers could not be
-	// decoded.
+	// DeadCancelled: the handler returned [DeadLetter], or the headers
+	// could not be decoded.
 	DeadCancelled
 )
 
@@ -148,35 +137,29 @@ type DeadLetterEvent struct {
 // for [RelayObserver.LeaseLost].
 type LeaseLostEvent struct {
 	ID ID
-	// Topic is "" when the handler had returned meanwhile; Attempt is then
-	// the claim count (the attempts column) rather than the attempt since
-	// the last redrive.
+	// Topic is "" when the handler had returned meanwhile.
 	Topic   string
 	Attempt int
 }
 
-// RelayObserver is told what a relay does: claims, handler runs, writes of
-// outcomes, dead letters, lost leases and the listener's state. Set it as
-// [RelayConfig.Observer]; the OpenTelemetry package implements it. Its
-// methods are called from the relay's goroutines, concurrently, and must
-// not block. A relay whose Observer is nil pays one nil check per event.
+// RelayObserver is told what a relay does; set it as
+// [RelayConfig.Observer]. Its methods are called concurrently and must not
+// block.
 type RelayObserver interface {
 	// ClaimEnd is called after each claim statement.
 	ClaimEnd(ctx context.Context, e ClaimEvent)
-	// HandlerStart is called before a handler (with its middleware) runs;
-	// the handler runs with the context it returns (return ctx to leave it
-	// as is). It must keep ctx's cancellation: derive from it.
+	// HandlerStart is called before a handler runs, with the context it
+	// returns, which must derive from ctx.
 	HandlerStart(ctx context.Context, d Delivery) context.Context
 	// HandlerEnd is called after the handler returns, with the context
 	// HandlerStart returned.
 	HandlerEnd(ctx context.Context, e HandlerEvent)
 	// SettleEnd is called after each write of outcomes.
 	SettleEnd(ctx context.Context, e SettleEvent)
-	// DeadLettered is called for each message the relay dead-letters, when
-	// it decides to (the write follows).
+	// DeadLettered is called for each message the relay dead-letters.
 	DeadLettered(ctx context.Context, e DeadLetterEvent)
 	// LeaseLost is called for each running handler whose lease another
-	// claim took (its outcome will be fenced off).
+	// claim took.
 	LeaseLost(ctx context.Context, e LeaseLostEvent)
 	// ListenerChanged is called when the wake-up listener changes state.
 	ListenerChanged(ctx context.Context, s ListenerState)
@@ -185,29 +168,22 @@ type RelayObserver interface {
 // PublishEvent describes one Publish or PublishBatch call, for
 // [PublishHook.PublishEnd].
 type PublishEvent struct {
-	// Messages are the messages as stored (after PublishStart), Contexts
-	// the contexts PublishStart returned for them, Results their results
-	// (nil when Err is not nil), all in order.
+	// Messages are the messages as stored, Contexts those PublishStart
+	// returned, Results their results (nil with Err), in order.
 	Messages []Message
 	Contexts []context.Context
 	Results  []Result
-	// Err is the call's error: a [*MessageError] when validation refused a
-	// message (nothing was sent), else the statement's.
+	// Err is the call's error.
 	Err error
 }
 
 // PublishHook sees every message Publish and PublishBatch store; set it as
-// [Config.Hook]. The OpenTelemetry package implements it to start a span
-// per message and carry its trace context in the message's headers. It is
-// not called when Publish fails before looking at the messages (ctx done,
-// a nil or finished transaction).
+// [Config.Hook]. PublishSQL does not run it.
 type PublishHook interface {
-	// PublishStart is called for each message before it is validated. It
-	// may change m (add headers: m.Headers is a copy the hook owns, nil
-	// when the message has none). It returns the message's context.
+	// PublishStart is called for each message before validation and
+	// returns its context. It may change m; m.Headers is its own copy.
 	PublishStart(ctx context.Context, m *Message) context.Context
-	// PublishEnd is called once per call, after the statement (or after
-	// validation refused a message).
+	// PublishEnd is called once per call, after the statement or a refusal.
 	PublishEnd(ctx context.Context, e PublishEvent)
 }
 

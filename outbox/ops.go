@@ -17,10 +17,8 @@ type PurgeOptions struct {
 	// OlderThan keeps messages settled more recently than this. Defaults to 0:
 	// every message in those states.
 	OlderThan time.Duration
-	// Operator, when not nil, makes this an operator's purge: it is logged
-	// with its actor and count as [Outbox.Act] logs an action (see
-	// [ActOptions]). Defaults to nil: not logged (a service's scheduled
-	// purge).
+	// Operator, when not nil, logs the purge as [Outbox.Act] logs an
+	// action. Defaults to nil: not logged.
 	Operator *ActOptions
 }
 
@@ -33,14 +31,9 @@ func (o *Outbox) relayDialect() (outboxdriver.RelayDialect, error) {
 }
 
 // Purge deletes dead and/or delivered messages settled more than
-// opts.OlderThan ago, and returns how many it deleted. Pending and
-// processing messages are never purged.
-//
-// It deletes in short batches, each committing on its own, until none is
-// left or ctx ends: on an error it returns the count so far with the
-// error, and a later Purge goes on. On PostgreSQL one purge of a table and
-// states runs at a time: a Purge that finds another under way (another
-// replica's janitor) returns what it deleted, leaving the rest to it.
+// opts.OlderThan ago, and returns how many it deleted. It commits in short
+// batches: on an error it returns the count so far with the error. On
+// PostgreSQL a Purge that finds another under way leaves the rest to it.
 func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, error) {
 	rd, err := o.relayDialect()
 	if err != nil {
@@ -69,13 +62,9 @@ func (o *Outbox) Purge(ctx context.Context, db DB, opts PurgeOptions) (int64, er
 	return n, err
 }
 
-// Redrive makes dead messages pending again, due now, each with
-// RelayConfig.MaxAttempts fresh attempts (its handler sees
-// Delivery.Attempt 1 again): of one topic, or of all topics when topic is
-// "". It returns how many it revived. The attempts column keeps counting
-// (attempts_base records where the fresh attempts start), so a relay still
-// holding a claim made before the redrive cannot settle the redriven
-// message.
+// Redrive makes the dead messages of topic ("" for all) pending again, due
+// now, with fresh attempts (Delivery.Attempt starts at 1 again), and
+// returns how many it revived. Ordered ones re-enter their keys in order.
 func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error) {
 	rd, err := o.relayDialect()
 	if err != nil {
@@ -95,7 +84,7 @@ func (o *Outbox) Redrive(ctx context.Context, db DB, topic string) (int64, error
 }
 
 // Stats returns, per topic, the messages in each state and the age of the
-// oldest due pending message, for dashboards and alerts. It scans the table.
+// oldest due pending message. It scans the table.
 func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
 	rd, err := o.relayDialect()
 	if err != nil {
@@ -112,11 +101,9 @@ func (o *Outbox) Stats(ctx context.Context, db DB) ([]TopicStats, error) {
 	return s, nil
 }
 
-// Check reads no row of the table and returns an error wrapping
-// [ErrTableMissing] when it does not exist, or [ErrSchemaMismatch] when it
-// lacks what this version needs (with Config.OrderByKey, ordered delivery's
-// too): run the migrations. [Relay.Run] checks the same before its first
-// claim. Any other error is the database's.
+// Check returns an error wrapping [ErrTableMissing] or [ErrSchemaMismatch]
+// when the table is missing or needs the migrations, as [Relay.Run] does
+// at its start. It reads no row.
 func (o *Outbox) Check(ctx context.Context, db DB) error {
 	rd, err := o.relayDialect()
 	if err != nil {

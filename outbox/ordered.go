@@ -24,12 +24,10 @@ type DeadKeyPolicy int
 
 const (
 	// HaltKey keeps the dead message as its key's head: the key's later
-	// messages wait until an operator redrives it ([Outbox.Redrive]) or
-	// skips it ([Outbox.SkipHead]). Other keys flow. The safe choice for
-	// state events, whose later messages assume the earlier ones happened.
+	// messages wait until it is redriven ([Outbox.Redrive]) or skipped
+	// ([Outbox.SkipHead]).
 	HaltKey DeadKeyPolicy = iota
-	// ContinueKey lets the key go on with its next message; the dead one
-	// stays dead (a redrive re-enters it at its place in the key).
+	// ContinueKey lets the key go on with its next message.
 	ContinueKey
 )
 
@@ -448,9 +446,7 @@ func (r *Relay) checkOrdered(ctx context.Context) error {
 	return r.ord.od.CheckOrdered(ctx, r.db, r.ob.table)
 }
 
-// OrdersByKey reports whether o was built with Config.OrderByKey: whether
-// its messages with a Key are delivered in order, and dead ones can halt
-// their keys (see [ActSkip]).
+// OrdersByKey reports whether o was built with Config.OrderByKey.
 func (o *Outbox) OrdersByKey() bool { return o.cfg.OrderByKey }
 
 // orderedDialect returns the ordered dialect of an Outbox with OrderByKey,
@@ -534,14 +530,10 @@ func (o *Outbox) sequence(ctx context.Context, tx Tx, rows []outboxdriver.Row, s
 	return nil
 }
 
-// SkipHead skips the head of key when it is dead under the HaltKey policy:
-// the message stays dead (a later [Outbox.Redrive] re-enters it at its
-// place in the key), and the key's next message becomes its head, so the
-// key flows again. It returns the skipped message's id, or ok false when
-// the key's head is not dead (nothing to skip). It waits for open
-// publishes of the key to commit, and is atomic: a relay settling the key
-// at the same moment cannot interleave with it. It needs an Outbox with
-// Config.OrderByKey.
+// SkipHead skips the head of key when it is dead and halts the key: the
+// message stays dead and the key's next message becomes its head. It
+// returns the skipped message's id, or ok false when the key's head is not
+// dead. It needs Config.OrderByKey.
 func (o *Outbox) SkipHead(ctx context.Context, db DB, key string) (id ID, ok bool, err error) {
 	od := o.orderedDialect()
 	if od == nil {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oncommit/oncommit/internal/publishsql"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
@@ -41,9 +42,8 @@ const (
 
 // Config configures an [Outbox]. The zero value works.
 type Config struct {
-	// Table is the outbox table: "name" or "schema.name", each part a
-	// lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes). With
-	// NOTIFY on, the whole name is also the notification channel.
+	// Table is the outbox table: "name" or "schema.name", each part
+	// [a-z_][a-z0-9_]* of at most 63 bytes; with NOTIFY, also the channel.
 	// Defaults to DefaultTable ("outbox").
 	Table string
 
@@ -52,47 +52,33 @@ type Config struct {
 	Notify NotifyMode
 
 	// NotifyInterval coalesces notifications: the Outbox sends at most one
-	// per NotifyInterval, and a publish within the interval after one that
-	// notified sends its INSERT without NOTIFY. A relay woken by a
-	// notification keeps claiming at short, growing intervals (from 2ms up
-	// to its PollInterval), so a silent publish committed t after the
-	// notifying one is claimed within about max(2ms, t/8); one whose
-	// notifying publish rolled back waits for the poll. Why: PostgreSQL
-	// serialises the commits of notifying transactions, so with many
-	// producers a notification per publish caps the commit rate
-	// (docs/internals.md). NotifyEvery notifies on every publish. Defaults
-	// to DefaultNotifyInterval (5ms).
+	// per NotifyInterval, and a relay it wakes claims a silent publish
+	// committed t later within about max(2ms, t/8). NotifyEvery notifies
+	// on every publish. Defaults to DefaultNotifyInterval (5ms).
 	NotifyInterval time.Duration
 
 	// MaxPayloadBytes bounds Message.Payload. Defaults to
 	// DefaultMaxPayloadBytes (1 MiB).
 	MaxPayloadBytes int
 
-	// MaxBatch bounds the number of messages in one PublishBatch call; the
-	// dialect's parameter limit bounds it too. Defaults to DefaultMaxBatch (1000).
+	// MaxBatch bounds the messages of one PublishBatch call. Defaults to
+	// DefaultMaxBatch (1000).
 	MaxBatch int
 
 	// CommandTimeout bounds each statement Publish sends, on top of the
-	// caller's context: a frozen or unreachable database then surfaces as an
-	// error wrapping context.DeadlineExceeded instead of a hang. Zero means
-	// only the caller's context bounds it. The bound holds on pgx (native
-	// and stdlib); lib/pq waits for a frozen server's answer to its cancel
-	// request and cannot be bounded. Defaults to 0.
+	// caller's context (error wrapping context.DeadlineExceeded); lib/pq
+	// cannot be bounded. Defaults to 0: only the caller's context.
 	CommandTimeout time.Duration
 
 	// OrderByKey delivers the messages of one Key one at a time, across
-	// topics, in the order their transactions committed, while other keys
-	// flow; a failing message holds back only its key. Messages without a
-	// Key pay nothing. Publishers of one key serialise until their commit.
-	// Every relay of the table must be built from an Outbox with
-	// OrderByKey; the guide's "Ordered delivery" is the contract. Defaults
-	// to false.
+	// topics, in commit order; a failing message holds back only its key.
+	// Publishers of one key serialise until their commit. Every relay of
+	// the table must use it too (the guide's "Ordered delivery").
+	// Defaults to false.
 	OrderByKey bool
 
 	// Hook, when set, sees each message Publish and PublishBatch store,
-	// before it is validated (it may add headers, such as a trace
-	// context), and the result of each call. PublishSQL does not run it.
-	// Defaults to nil.
+	// before validation, and each call's result. Defaults to nil.
 	Hook PublishHook
 }
 
@@ -123,8 +109,8 @@ type Outbox struct {
 	rowBufs sync.Pool
 }
 
-// New returns an Outbox that writes through dialect d. It checks cfg and
-// sends nothing to the database.
+// New returns an Outbox that writes through dialect d; it sends nothing to
+// the database.
 func New(d Dialect, cfg Config) (*Outbox, error) {
 	if d == nil {
 		return nil, &ConfigError{Field: "Dialect", Reason: "must not be nil"}
@@ -224,18 +210,10 @@ func (o *Outbox) Table() Table { return o.table }
 // Dialect returns the dialect the Outbox was built with.
 func (o *Outbox) Dialect() Dialect { return o.d }
 
-// Notifies reports whether Publish sends a wake-up notification.
-func (o *Outbox) Notifies() bool { return o.wakeLoud.Send }
-
-// Publish stores msg in the outbox table inside tx, the caller's open
-// transaction, with one statement (two on MySQL when msg has a DedupKey:
-// see [outboxdriver.StoredLister]). It never begins, commits or rolls back:
-// the caller's commit stores the message together with the business rows,
-// and the caller's rollback discards both.
-//
-// A message refused by validation returns a [*MessageError] before any SQL
-// is sent, so tx stays usable. A message whose DedupKey is taken is not an
-// error: the Result says Duplicate, and tx stays usable.
+// Publish stores msg inside tx, the caller's open transaction; it never
+// begins, commits or rolls back. A message refused by validation returns a
+// [*MessageError] before any SQL is sent, and a taken DedupKey makes
+// Result.Duplicate true: tx stays usable after both.
 func (o *Outbox) Publish(ctx context.Context, tx Tx, msg Message) (Result, error) {
 	if o.cfg.Hook != nil {
 		// The hook's event keeps the results: they live on the heap.
@@ -279,28 +257,17 @@ type Statement struct {
 	// IDs are the ids generated for the messages, in order; each appears in
 	// Args as its text form.
 	IDs []ID
-	// QuietQuery, when not empty, is the statement Publish sends instead of
-	// Query, with the same Args, when [Config.NotifyInterval] has coalesced
-	// the publish's notification away: Query without the NOTIFY.
-	QuietQuery string
-	// StoredQuery and StoredArgs, when StoredQuery is not empty, are sent
-	// after Query on dialects that implement [outboxdriver.StoredLister]
-	// (MySQL) when a message has a DedupKey: they return the ids stored.
-	StoredQuery string
-	StoredArgs  []any
-	// Sequence, with [Config.OrderByKey], are the statements that number
-	// the ordered messages stored, sent last when an ordered message has
-	// a DedupKey, or always on an [outboxdriver.Sequencer] (MySQL); a
-	// publish with duplicates numbers only the others.
-	Sequence []outboxdriver.Statement
+
+	extra publishsql.Extra
 }
 
-// PublishSQL returns the exact statement Publish or PublishBatch sends for
-// msgs, for documentation and for pinning SQL in tests (see the outboxtest
-// package). It validates msgs like Publish. Each call generates fresh ids.
-// With Config.OrderByKey, when an ordered message has a DedupKey, Publish
-// sends a last statement that numbers the messages stored
-// ([outboxdriver.OrderedDialect]): Statement.Sequence.
+func init() {
+	publishsql.Of = func(st any) publishsql.Extra { return st.(Statement).extra }
+}
+
+// PublishSQL returns the statement Publish or PublishBatch sends for msgs,
+// for documentation and for pinning SQL in tests (see package outboxtest).
+// It validates msgs like Publish and generates fresh ids on each call.
 func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	rows, err := o.rows(msgs, nil)
 	if err != nil {
@@ -309,12 +276,12 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 	q, args := o.d.Insert(o.table, rows, o.wakeLoud)
 	st := Statement{Query: q, Args: args, IDs: rowIDs(rows)}
 	if o.wakeLoud.Send && o.cfg.NotifyInterval > 0 {
-		st.QuietQuery, _ = o.d.Insert(o.table, rows, outboxdriver.Wake{})
+		st.extra.QuietQuery, _ = o.d.Insert(o.table, rows, outboxdriver.Wake{})
 	}
 	if sl, ok := o.d.(outboxdriver.StoredLister); ok {
 		for i := range rows {
 			if rows[i].DedupKey != "" {
-				st.StoredQuery, st.StoredArgs = sl.StoredSQL(o.table, st.IDs)
+				st.extra.StoredQuery, st.extra.StoredArgs = sl.StoredSQL(o.table, st.IDs)
 				break
 			}
 		}
@@ -326,7 +293,7 @@ func (o *Outbox) PublishSQL(msgs ...Message) (Statement, error) {
 				ids = append(ids, rows[i].ID)
 			}
 		}
-		st.Sequence = o.sequenceStatements(od, ids)
+		st.extra.Sequence = o.sequenceStatements(od, ids)
 	}
 	return st, nil
 }

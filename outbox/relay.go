@@ -140,16 +140,11 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 	return r, nil
 }
 
-// Handle registers h for topic. Each topic has at most one handler
-// (registered with Handle or [Relay.HandleBatch]); only topics with a
-// handler are claimed, so messages of other topics wait (which keeps
-// rolling deploys safe). topic [AllTopics] registers the catch-all: the
-// relay then claims the messages of every topic, and those of topics
-// without a handler of their own go to it. Register before Run.
-//
-// It returns a [*ConfigError] for a bad topic or a nil handler, and errors
-// wrapping [ErrDuplicateHandler], [ErrRelayStarted], or [ErrUnsupported]
-// (AllTopics on a dialect that cannot claim every topic).
+// Handle registers h for topic, or for every topic without a handler of
+// its own with [AllTopics], before Run. A topic has at most one handler;
+// the relay claims only topics with one, so other topics' messages wait.
+// It returns a [*ConfigError] for a bad topic or a nil handler, or an error
+// wrapping [ErrDuplicateHandler], [ErrRelayStarted] or [ErrUnsupported].
 func (r *Relay) Handle(topic string, h Handler) error {
 	if err := r.checkTopic(topic); err != nil {
 		return err
@@ -164,27 +159,14 @@ func (r *Relay) Handle(topic string, h Handler) error {
 	return r.addHandler(topic, func() { r.handlers[topic] = h })
 }
 
-// HandleBatch registers h for topic ([AllTopics] for the catch-all, as
-// with [Relay.Handle]): h gets the messages of each claim for it at once
-// (at most RelayConfig.BatchSize, in claim order) and returns one outcome
-// per message. Attempts, backoff, dead letters, fencing and lease renewal
-// apply to each message as with a [Handler]; the batch's context is
-// cancelled when the lease of any of its messages is lost, and at the end
-// of the shutdown grace period. RelayConfig.Middleware does not wrap batch
-// handlers (it wraps one message's handler); RelayConfig.Observer still
-// sees every message of a batch (HandlerStart before the batch runs,
-// HandlerEnd after, one of each per message; h itself runs with the
-// batch's context, not those HandlerStart returns).
+// HandleBatch registers h for topic as [Relay.Handle] does: h gets the
+// messages of each claim for it at once (at most RelayConfig.BatchSize, in
+// claim order), each then treated as with a [Handler]. The batch's context
+// is cancelled when any of its leases is lost or the shutdown grace ends.
 //
-// With ordered delivery (Config.OrderByKey), a batch holds claimed heads
-// and the runs of their keys behind them, each key's messages in key order,
-// at most BatchSize messages in all. A run stops at its first message whose
-// outcome is not nil: the key's later messages of the batch are not
-// settled, whatever h returned for them (OutcomeHeld), and are delivered
-// again after it. So h must handle a key's messages one after another and,
-// once one fails, not act on the key's later ones (as the forwarders do).
-//
-// Its errors are those of Handle.
+// With Config.OrderByKey, a batch holds each key's messages in key order,
+// and a key's messages after its first failure are not settled whatever h
+// returned (OutcomeHeld): h must not act on them.
 func (r *Relay) HandleBatch(topic string, h BatchHandler) error {
 	if err := r.checkTopic(topic); err != nil {
 		return err
@@ -227,13 +209,11 @@ func (r *Relay) addHandler(topic string, add func()) error {
 	return nil
 }
 
-// Run claims and handles messages until ctx ends, then stops claiming, lets
-// running handlers finish within RelayConfig.ShutdownGrace, cancels the
-// rest (their leases lapse and they are delivered again), writes the
-// outcomes it has and returns nil. Database errors are logged and retried
-// with backoff, never returned: Run fails only when it cannot start (no
-// handlers, already started, [ErrTableMissing], [ErrSchemaMismatch], checked
-// before its first claim). [Relay.Health] reports how it is doing.
+// Run claims and handles messages until ctx ends, then lets running
+// handlers finish within RelayConfig.ShutdownGrace, cancels the rest,
+// writes the outcomes it has and returns nil. Database errors are logged
+// and retried; Run fails only when it cannot start (no handlers, already
+// started, [ErrTableMissing], [ErrSchemaMismatch]).
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {

@@ -26,18 +26,15 @@ const (
 	DefaultUnhandledEvery = 5 * time.Minute
 )
 
-// MinLease is the shortest RelayConfig.Lease on every dialect. A dialect
-// may ask for more while leases are renewed (SQLite asks for 15s).
+// MinLease is the shortest RelayConfig.Lease.
 const MinLease = time.Second
 
-// UnlimitedAttempts, as RelayConfig.MaxAttempts, never dead-letters a
-// message for its number of attempts: it is retried (with backoff capped at
-// RetryCap) until its handler succeeds or cancels it. It is the largest
-// value the attempts column (a 32-bit integer on every dialect) holds.
+// UnlimitedAttempts, as RelayConfig.MaxAttempts, retries a failing message
+// until its handler succeeds or dead-letters it.
 const UnlimitedAttempts = math.MaxInt32
 
 // ListenMode says whether a relay listens for wake-up notifications
-// (PostgreSQL LISTEN), the other half of [NotifyMode].
+// (PostgreSQL LISTEN).
 type ListenMode int
 
 const (
@@ -59,11 +56,9 @@ const Forever time.Duration = math.MaxInt64
 var (
 	// ErrNoHandlers is returned by Run when no handler is registered.
 	ErrNoHandlers = errors.New("outbox: relay has no handlers")
-	// ErrRelayStarted is returned by Handle after Run has started, and by a
-	// second call to Run.
+	// ErrRelayStarted is returned by Handle after Run, and by a second Run.
 	ErrRelayStarted = errors.New("outbox: relay already started")
-	// ErrDuplicateHandler is returned by Handle for a topic that already
-	// has a handler.
+	// ErrDuplicateHandler is returned by Handle for a topic with a handler.
 	ErrDuplicateHandler = errors.New("outbox: topic already has a handler")
 	// ErrNoRelay is returned by [Outbox.Relay] when the dialect cannot relay.
 	ErrNoRelay = errors.New("outbox: dialect has no relay support")
@@ -72,42 +67,33 @@ var (
 // RelayConfig configures a [Relay]. The zero value works.
 type RelayConfig struct {
 	// PollInterval is how often the relay looks for due messages when
-	// nothing wakes it sooner. Polling is the source of truth; NOTIFY only
-	// makes delivery faster. Defaults to the dialect's suggestion (100ms on
-	// SQLite, which has no notifications), else DefaultPollInterval (1s).
+	// nothing wakes it sooner. Defaults to the dialect's suggestion (100ms
+	// on SQLite), else DefaultPollInterval (1s).
 	PollInterval time.Duration
 
 	// BatchSize is the most messages one claim takes, and so the most a
-	// batch handler (HandleBatch) gets at once. With Config.OrderByKey, it
-	// is the most heads of keys one claim takes; their runs share up to
-	// 4 x BatchSize more messages (BatchSize when the relay has a batch
-	// handler). Defaults to DefaultBatchSize (100).
+	// batch handler gets at once; with Config.OrderByKey, the most heads of
+	// keys, whose runs add up to 4 x BatchSize messages (BatchSize with a
+	// batch handler). Defaults to DefaultBatchSize (100).
 	BatchSize int
 
-	// Lease is how long a claimed message stays invisible to other relays.
-	// The relay renews it while the handler runs (every Lease/6 once a
-	// third has passed), so only a relay that stops loses it. At least
-	// MinLease and, while leases are renewed, the dialect's minimum (15s on
-	// SQLite): Relay refuses a shorter one with a [*ConfigError]. Defaults
-	// to DefaultLease (30s).
+	// Lease is how long a claimed message stays invisible to other relays;
+	// the relay renews it while the handler runs. At least MinLease and,
+	// with renewal, the dialect's minimum (15s on SQLite). Defaults to
+	// DefaultLease (30s).
 	Lease time.Duration
 
 	// DisableLeaseRenewal stops the renewals: a handler running longer than
-	// Lease is then delivered again by another claim. With no renewal to
-	// land in time, the dialect's minimum lease does not apply, only
-	// MinLease. Defaults to false.
+	// Lease is delivered again. Defaults to false.
 	DisableLeaseRenewal bool
 
-	// Concurrency is the most handlers running at once. A claim takes at
-	// most the free slots; with room for two batches, one batch runs while
-	// the next is claimed, and claims stay whole batches. Defaults to
-	// DefaultConcurrency (200).
+	// Concurrency is the most handlers running at once; a claim takes at
+	// most the free slots. Defaults to DefaultConcurrency (200).
 	Concurrency int
 
-	// MaxAttempts is the number of attempts after which a failing message is
-	// dead-lettered (attempts count claims, so a crash counts), at most
-	// UnlimitedAttempts, which retries forever. Defaults to
-	// DefaultMaxAttempts (10).
+	// MaxAttempts is the number of attempts (claims: a crash counts) after
+	// which a failing message is dead-lettered, at most UnlimitedAttempts.
+	// Defaults to DefaultMaxAttempts (10).
 	MaxAttempts int
 
 	// RetryBase and RetryCap shape the backoff after a failure: attempt n
@@ -117,67 +103,49 @@ type RelayConfig struct {
 	RetryCap  time.Duration
 
 	// RetryJitter is the fraction of each backoff drawn at random, in
-	// [0, 1]: 1 is full jitter, 0 none. Nil means the default; set it with
-	// new(0.5). Defaults to DefaultRetryJitter (1, full jitter).
+	// [0, 1]. Defaults (nil) to DefaultRetryJitter (1, full jitter).
 	RetryJitter *float64
 
-	// DiscardDead deletes messages instead of dead-lettering them (state
-	// dead). Defaults to false: dead messages stay for inspection and
-	// redrive.
+	// DiscardDead deletes messages instead of dead-lettering them.
+	// Defaults to false.
 	DiscardDead bool
 
-	// AsyncCommit makes the relay's claims and settles commit without
-	// waiting for the database's log flush (PostgreSQL: synchronous_commit
-	// off inside each of these statements only; docs/operations.md has its
-	// figures). Only a crash of the database server itself costs anything:
-	// the claims and settles of its last moments are lost, so a message
-	// settled then is delivered again and one claimed then may be claimed
-	// again while its handler runs. No message is lost; publishes are not
-	// affected. Not with Config.OrderByKey, nor on dialects whose
-	// Capabilities lack AsyncCommit (Relay returns an error). Defaults to
-	// false.
+	// AsyncCommit commits the relay's claims and settles without waiting
+	// for the log flush (PostgreSQL: synchronous_commit off per statement).
+	// A database server crash loses those of its last moments: their
+	// messages are delivered again, none is lost. Not with
+	// Config.OrderByKey. Defaults to false.
 	AsyncCommit bool
 
-	// KeepDelivered keeps delivered messages (state delivered) instead of
-	// deleting them, for this long: a janitor in the relay purges older
-	// ones every JanitorEvery. Forever keeps them until purged by hand.
-	// Defaults to 0: delete on success.
+	// KeepDelivered keeps delivered messages this long instead of deleting
+	// them (Forever: until purged by hand). Defaults to 0.
 	KeepDelivered time.Duration
 
-	// JanitorEvery is how often the janitor purges delivered messages older
-	// than KeepDelivered and, with Config.OrderByKey on a dialect that
-	// trims them (outboxdriver.KeyTrimmer), deletes the key rows of ordered
-	// delivery no longer needed (see docs/internals.md). Defaults to
+	// JanitorEvery is how often the relay purges delivered messages older
+	// than KeepDelivered and trims ordered delivery's key rows. Defaults to
 	// DefaultJanitorEvery (1m).
 	JanitorEvery time.Duration
 
-	// Listen says whether the relay listens for the wake-up notifications
-	// publishes send. ListenAuto listens when the dialect and the DB adapter
-	// can; ListenOn makes Relay fail when they cannot; ListenOff polls only
-	// (set it behind PgBouncer in transaction pooling mode, where a LISTEN
-	// hears nothing). Defaults to ListenAuto.
+	// Listen says whether the relay listens for wake-up notifications
+	// (ListenOff behind PgBouncer in transaction mode). Defaults to
+	// ListenAuto.
 	Listen ListenMode
 
 	// CommandTimeout bounds each statement of the relay (claim, settle,
 	// renew, purge). Defaults to DefaultCommandTimeout (30s).
 	CommandTimeout time.Duration
 
-	// ShutdownGrace is how long Run, once its context ends, lets running
-	// handlers finish before it cancels their contexts. Defaults to
-	// DefaultShutdownGrace (10s).
+	// ShutdownGrace is how long Run, once its context ends, lets handlers
+	// finish before cancelling them. Defaults to DefaultShutdownGrace (10s).
 	ShutdownGrace time.Duration
 
-	// UnhandledEvery is how often the relay warns about due messages of
-	// topics it has no handler for, waiting over a minute (one
-	// [Outbox.Stats], which scans the table; at most once an hour per
-	// topic). Forever turns it off; a catch-all relay never looks.
-	// Defaults to DefaultUnhandledEvery (5m).
+	// UnhandledEvery is how often the relay looks (with [Outbox.Stats])
+	// for due messages of topics it has no handler for, to log a warning;
+	// Forever never. Defaults to DefaultUnhandledEvery (5m).
 	UnhandledEvery time.Duration
 
-	// DeadKeys is what a dead-lettered ordered message (Config.OrderByKey)
-	// does to its key: HaltKey keeps it as the key's head, holding the
-	// key's later messages until it is redriven or skipped; ContinueKey
-	// lets the key go on. Defaults to HaltKey.
+	// DeadKeys is what a dead-lettered ordered message does to its key.
+	// Defaults to HaltKey.
 	DeadKeys DeadKeyPolicy
 
 	// DeadKeysByTopic overrides DeadKeys for the dead messages of some
@@ -187,22 +155,17 @@ type RelayConfig struct {
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// Tracer, when set, is told about each claim and settle, with the
-	// dialect's rows (tests and benchmarks use it; for telemetry, see
-	// Observer).
+	// Tracer, when set, sees each claim's and settle's rows (for tests;
+	// telemetry uses Observer). Defaults to nil.
 	Tracer RelayTracer
 
-	// Observer, when set, is told about claims, handler runs, writes of
-	// outcomes, dead letters, lost leases and the listener's state (the
-	// OpenTelemetry package implements it). Defaults to nil: nothing is
-	// observed, at no cost.
+	// Observer, when set, is told what the relay does (the otel module
+	// implements it). Defaults to nil.
 	Observer RelayObserver
 
 	// Middleware wraps every handler registered with Handle or HandleJSON,
-	// once, at registration: the first element is the outermost. It does
-	// not wrap batch handlers (HandleBatch): a Middleware has the shape of
-	// one message's handler; Observer sees each message of a batch.
-	// Defaults to none.
+	// not batch handlers; the first element is the outermost. Defaults to
+	// none.
 	Middleware []Middleware
 }
 

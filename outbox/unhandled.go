@@ -25,26 +25,20 @@ const unhandledWarnEvery = time.Hour
 type RelayStats struct {
 	// Topics are the counts of every topic in the table.
 	Topics []TopicStats
-	// Unhandled are the topics that have due pending messages but no
-	// handler in this relay, sorted. Unless another relay handles them,
-	// those messages wait forever. Empty when the relay has a catch-all
-	// ([AllTopics]): it handles every topic.
+	// Unhandled are the topics with due messages but no handler in this
+	// relay, sorted (none with a catch-all).
 	Unhandled []string
 	// Idle are the topics this relay handles that have no message in the
-	// table, sorted: a handler registered under a topic nobody publishes
-	// (a typo?) shows here, as does a quiet one. The catch-all is no
-	// topic and never shows here.
+	// table, sorted.
 	Idle []string
-	// UnhandledHeads are the topics this relay has no handler for whose
-	// messages head keys that have messages waiting behind them
-	// (Config.OrderByKey), sorted: unless another relay handles them, those
-	// keys wait forever. Empty with a catch-all.
+	// UnhandledHeads are the topics without a handler in this relay whose
+	// messages head ordered keys with messages behind them, sorted (none
+	// with a catch-all).
 	UnhandledHeads []string
 }
 
-// Stats returns the counts of the outbox table with what this relay makes
-// of them: topics with due messages it has no handler for, and topics it
-// handles that have no messages. It scans the table, like [Outbox.Stats].
+// Stats returns [Outbox.Stats] with the topics this relay does not handle
+// and those it handles that have no messages. It scans the table.
 func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 	ts, err := r.ob.Stats(ctx, r.db)
 	if err != nil {

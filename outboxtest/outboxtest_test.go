@@ -13,6 +13,7 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/publishsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxtest"
 )
@@ -73,8 +74,8 @@ func TestExpectations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(st.Query, "pg_notify('outbox', '2000')") || st.QuietQuery == "" || strings.Contains(st.QuietQuery, "pg_notify") {
-			t.Fatalf("Query %q\nQuietQuery %q", st.Query, st.QuietQuery)
+		if quiet := publishsql.Of(st).QuietQuery; !strings.Contains(st.Query, "pg_notify('outbox', '2000')") || quiet == "" || strings.Contains(quiet, "pg_notify") {
+			t.Fatalf("Query %q\nQuietQuery %q", st.Query, quiet)
 		}
 		db, mock, _ := sqlmock.New()
 		defer db.Close()
@@ -167,8 +168,8 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st, err := ob.PublishSQL(dedup(want)); err != nil || (len(st.Sequence) != 0) != cfg.OrderByKey {
-				t.Fatalf("OrderByKey %v: Sequence %q, %v", cfg.OrderByKey, st.Sequence, err)
+			if st, err := ob.PublishSQL(dedup(want)); err != nil || (len(publishsql.Of(st).Sequence) != 0) != cfg.OrderByKey {
+				t.Fatalf("OrderByKey %v: Sequence %q, %v", cfg.OrderByKey, publishsql.Of(st).Sequence, err)
 			}
 			expected := at(want, time.Now().Add(time.Hour))
 			for _, tc := range []struct {

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/oncommit/oncommit/internal/publishsql"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // NotBeforeTolerance is how far a published Message.NotBefore may be from
@@ -32,7 +34,7 @@ const NotBeforeTolerance = 5 * time.Second
 // with the stored ids) when one has, since only then does it need the ids
 // back. On MySQL, where the INSERT cannot return ids, a message with a
 // DedupKey makes it an ExpectExec of the INSERT followed by an ExpectQuery
-// of the statement that lists the stored ids (outbox.Statement.StoredQuery).
+// of the statement that lists the stored ids.
 //
 // The statement is matched literally under both of sqlmock's query
 // matchers, sqlmock.QueryMatcherRegexp (the default) and
@@ -41,7 +43,7 @@ const NotBeforeTolerance = 5 * time.Second
 // regular expression. On PostgreSQL, where notifications are coalesced by
 // default (Config.NotifyInterval), whether a publish notifies depends on
 // timing: under QueryMatcherRegexp the expectation accepts the statement
-// with and without the NOTIFY (outbox.Statement.QuietQuery); under
+// with and without the NOTIFY; under
 // QueryMatcherEqual, which cannot, build the Outbox of such tests with
 // NotifyInterval: outbox.NotifyEvery (or Notify: outbox.NotifyOff): with a
 // coalescing Outbox the expectation fails every time, and its message says
@@ -50,7 +52,7 @@ const NotBeforeTolerance = 5 * time.Second
 // With Config.OrderByKey, when an ordered message has a DedupKey (on
 // MySQL: whenever a message is ordered), the expectation of a publish that
 // stored its messages is followed by the statements that number them
-// (outbox.Statement.Sequence), each an ExpectExec; ExpectPublishDuplicate and ExpectPublishError register none,
+// each an ExpectExec; ExpectPublishDuplicate and ExpectPublishError register none,
 // as Publish sends none.
 //
 // If a message is invalid, the expectation answers with Publish's
@@ -99,6 +101,7 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans 
 		return
 	}
 	args := argMatchers(ob, msgs, st)
+	x := publishsql.Of(st)
 	rows := sqlmock.NewRows([]string{"id"})
 	if ans == answerStored {
 		for _, id := range st.IDs {
@@ -106,16 +109,16 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans 
 		}
 	}
 	dedup := slices.ContainsFunc(msgs, func(m outbox.Message) bool { return m.DedupKey != "" })
-	if st.QuietQuery != "" && equal {
+	if x.QuietQuery != "" && equal {
 		mock.ExpectExec("outboxtest: under sqlmock.QueryMatcherEqual, build the Outbox with Config.NotifyInterval set to outbox.NotifyEvery (or Notify: outbox.NotifyOff): whether a coalescing Outbox's publish notifies depends on timing")
 		return
 	}
 	query := literal(st.Query)
-	if st.QuietQuery != "" {
+	if x.QuietQuery != "" {
 		// Config.NotifyInterval: the publish notifies or not, by timing.
-		query = "^(?:" + regexp.QuoteMeta(st.Query) + "|" + regexp.QuoteMeta(st.QuietQuery) + ")$"
+		query = "^(?:" + regexp.QuoteMeta(st.Query) + "|" + regexp.QuoteMeta(x.QuietQuery) + ")$"
 	}
-	if !dedup || st.StoredQuery != "" {
+	if !dedup || x.StoredQuery != "" {
 		// An Exec; on MySQL with a DedupKey, followed by the query for the
 		// ids it stored.
 		e := mock.ExpectExec(query).WithArgs(args...)
@@ -124,16 +127,16 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans 
 			return
 		}
 		e.WillReturnResult(sqlmock.NewResult(0, int64(len(msgs))))
-		if st.StoredQuery == "" {
-			expectSequence(mock, st, ans, literal)
+		if x.StoredQuery == "" {
+			expectSequence(mock, st.IDs, x.Sequence, ans, literal)
 			return
 		}
-		ids := make([]driver.Value, len(st.StoredArgs))
+		ids := make([]driver.Value, len(x.StoredArgs))
 		for i := range ids {
 			ids[i] = AnyID() // generated ids
 		}
-		mock.ExpectQuery(literal(st.StoredQuery)).WithArgs(ids...).WillReturnRows(rows)
-		expectSequence(mock, st, ans, literal)
+		mock.ExpectQuery(literal(x.StoredQuery)).WithArgs(ids...).WillReturnRows(rows)
+		expectSequence(mock, st.IDs, x.Sequence, ans, literal)
 		return
 	}
 	e := mock.ExpectQuery(query).WithArgs(args...)
@@ -142,28 +145,28 @@ func expect(mock sqlmock.Sqlmock, ob *outbox.Outbox, msgs []outbox.Message, ans 
 		return
 	}
 	e.WillReturnRows(rows)
-	expectSequence(mock, st, ans, literal)
+	expectSequence(mock, st.IDs, x.Sequence, ans, literal)
 }
 
 // expectSequence registers the statements that number the stored ordered
-// messages (outbox.Statement.Sequence), when Publish sends them: after a
+// messages, when Publish sends them: after a
 // publish that stored them (none is sent when every message was a
 // duplicate).
-func expectSequence(mock sqlmock.Sqlmock, st outbox.Statement, ans answer, literal func(string) string) {
+func expectSequence(mock sqlmock.Sqlmock, stored []outbox.ID, seq []outboxdriver.Statement, ans answer, literal func(string) string) {
 	if ans != answerStored {
 		return
 	}
-	ids := make(map[string]bool, len(st.IDs))
-	for _, id := range st.IDs {
+	ids := make(map[string]bool, len(stored))
+	for _, id := range stored {
 		ids[id.String()] = true
 	}
-	for _, q := range st.Sequence {
+	for _, q := range seq {
 		args := make([]driver.Value, len(q.Args))
 		for i, a := range q.Args {
 			args[i] = argMatcher(a, ids, probes{})
 		}
 		query := literal(q.Query)
-		if inline := idsIn(q.Query, st.IDs); inline != nil {
+		if inline := idsIn(q.Query, stored); inline != nil {
 			// The ids are written in the statement's text (MySQL's, which
 			// spares a prepare per statement): under regular expressions,
 			// each matches any id; QueryMatcherEqual cannot.
@@ -177,7 +180,7 @@ func expectSequence(mock sqlmock.Sqlmock, st outbox.Statement, ans answer, liter
 			}
 			query = "^" + query + "$"
 		}
-		mock.ExpectExec(query).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, int64(len(st.IDs))))
+		mock.ExpectExec(query).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, int64(len(stored))))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/internal/publishsql"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 	"github.com/oncommit/oncommit/outboxtest"
@@ -34,8 +35,8 @@ func TestOutboxtestExpectsBothStatements(t *testing.T) {
 			defer db.Close()
 			plain := outbox.Message{Topic: "t", Key: "a", Payload: []byte(`{"n":1}`)}
 			dedup := outbox.Message{Topic: "t", Key: "a", DedupKey: "k"}
-			if st, err := ob.PublishSQL(plain); err != nil || (len(st.Sequence) > 0) != ordered {
-				t.Fatalf("Sequence %v, %v", st.Sequence, err)
+			if st, err := ob.PublishSQL(plain); err != nil || (len(publishsql.Of(st).Sequence) > 0) != ordered {
+				t.Fatalf("Sequence %v, %v", publishsql.Of(st).Sequence, err)
 			}
 			mock.ExpectBegin()
 			outboxtest.ExpectPublish(mock, ob, plain)
