@@ -3,7 +3,7 @@
 // messages, redrive, retry, delete, skip and purge messages, watch it, and serve
 // the web dashboard.
 //
-//	go install github.com/oncommit/oncommit/cmd/oncommit@latest
+//	cd cmd/oncommit && go install .   # from a clone: no release is tagged yet
 //	export OUTBOX_DSN=postgres://localhost/app
 //	oncommit stats
 //	oncommit list --state dead --topic order.placed
