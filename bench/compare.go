@@ -104,9 +104,10 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 	printEnvironment(ctx, admin)
 	set := newSystems(ctx, admin)
 	raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest := set.raw, set.onc, set.oncOff, set.oncEvery, set.oncBest, set.oncAsync, set.riv, set.rivBest, set.gu, set.guBest
+	wal := set.oncWAL
 
 	fmt.Println("\nsystems:")
-	for _, s := range []*system{raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest} {
+	for _, s := range []*system{raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest, wal} {
 		if s == nil {
 			continue
 		}
@@ -122,8 +123,8 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 		}
 		return out
 	}
-	publishers := pick(raw, onc, oncOff, oncBest, riv, gu)
-	consumers := pick(raw, onc, oncAsync, riv, rivBest, gu, guBest)
+	publishers := pick(raw, onc, oncOff, oncBest, riv, gu, wal)
+	consumers := pick(raw, onc, oncAsync, riv, rivBest, gu, guBest, wal)
 	res := &results{by: map[string]*series{}}
 	for round := 1; round <= *rounds; round++ {
 		fmt.Printf("\n== compare round %d of %d\n", round, *rounds)
@@ -183,7 +184,7 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 			}
 		}
 		if want("latency") {
-			for _, s := range rotate(pick(onc, oncBest, oncAsync, riv, rivBest, gu, guBest)) { // raw has no consumer
+			for _, s := range rotate(pick(onc, oncBest, oncAsync, riv, rivBest, gu, guBest, wal)) { // raw has no consumer
 				p50, p99 := latencyRun(ctx, s, *latencyN)
 				res.add("latency-p50", s.name, "ms", false, p50)
 				res.add("latency-p99", s.name, "ms", false, p99)

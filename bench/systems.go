@@ -161,6 +161,9 @@ func closePools() {
 // do not sit in the process while the others are measured.
 type systemSet struct {
 	raw, onc, oncOff, oncEvery, oncBest, oncAsync, riv, rivBest, gu, guBest *system
+	// oncWAL: the WAL transport, built only when asked for by -systems
+	// (its server needs wal_level = logical).
+	oncWAL *system
 }
 
 // systemWanted reports whether the -systems flag asks for the system name
@@ -218,6 +221,9 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 		guBest: gu("gue-best", "WorkerPool of 16, RunAtPollStrategy (ORDER BY run_at, priority: served by gue's index), poll interval 10ms, pgxpool 20 conns per process",
 			gueConfig{workers: 16, poll: 10 * time.Millisecond, poolConns: 20, runAt: true}),
 	}
+	if *systemsOnly != "" && systemWanted("oncommit-wal") {
+		ss.oncWAL = walSystem(ctx)
+	}
 	if ss.riv != nil {
 		ss.riv.share = 10
 	}
@@ -232,10 +238,15 @@ func newSystems(ctx context.Context, admin *pgxpool.Pool) *systemSet {
 // oncommitSystem returns oncommit with the given publish and relay
 // configurations, on a table of its own.
 func oncommitSystem(ctx context.Context, name, settings string, cfg outbox.Config, rc outbox.RelayConfig) *system {
+	return oncommitSystemOn(ctx, postgres.Dialect(), name, settings, cfg, rc)
+}
+
+// oncommitSystemOn is oncommitSystem with dialect d.
+func oncommitSystemOn(ctx context.Context, d outbox.Dialect, name, settings string, cfg outbox.Config, rc outbox.RelayConfig) *system {
 	pool := newPool(ctx, 20, "")
 	base := table(ctx, pool, "cmp_"+strings.ReplaceAll(name, "-", "_"))
 	cfg.Table = base.Table().String()
-	ob, err := outbox.New(postgres.Dialect(), cfg)
+	ob, err := outbox.New(d, cfg)
 	check(err)
 	tbl := pgsql.QuoteTable(ob.Table())
 	s := &system{name: name, settings: settings, pool: pool}

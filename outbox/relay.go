@@ -77,6 +77,9 @@ type Relay struct {
 	// ord is the state of ordered delivery (see ordered.go), nil unless
 	// the Outbox has OrderByKey.
 	ord *orderedRelay
+	// stream is the reading of the dialect's message stream (stream.go),
+	// nil when the dialect has none.
+	stream *streamState
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -236,6 +239,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := r.openStream(ctx); err != nil {
+		return err
+	}
 	if r.pollOnly != nil {
 		r.log.Debug("outbox: relay polls only", "reason", r.pollOnly, "poll_interval", r.cfg.PollInterval)
 	}
@@ -272,13 +278,22 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	stopRuns := r.startRuns(ctx)
 
+	if r.stream != nil {
+		go r.streamLoop(ctx, handlersCtx)
+	}
 	var workers sync.WaitGroup
 	runErr := r.claimLoop(ctx, handlersCtx, &workers, checked)
 	r.health.set(func(h *Health) { h.Draining = true })
 
 	// Shutdown: wait for the running handlers within the grace period.
 	drained := make(chan struct{})
-	go func() { workers.Wait(); close(drained) }()
+	go func() {
+		workers.Wait()
+		if r.stream != nil {
+			<-r.stream.done
+		}
+		close(drained)
+	}()
 	grace := time.NewTimer(r.cfg.ShutdownGrace)
 	select {
 	case <-drained:
@@ -324,6 +339,7 @@ func (r *Relay) check(ctx context.Context) (checked bool, err error) {
 // cancelHandlers cancels the contexts of the running handlers, and of any
 // that start after.
 func (r *Relay) cancelHandlers() {
+	r.cancelStreamHandlers()
 	r.inflightMu.Lock()
 	defer r.inflightMu.Unlock()
 	r.handlersCancelled = true

@@ -236,3 +236,20 @@ func Admin(t testing.TB) *sql.DB {
 	URL(t)
 	return admin
 }
+
+// WALURL returns the URL of the PostgreSQL cluster with wal_level=logical
+// that .ci/walcluster starts (OUTBOX_TEST_WAL_URL, else port 5433), for
+// the WAL transport's tests, or skips (fails under CI=true) the test.
+func WALURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("OUTBOX_TEST_WAL_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5433/test?sslmode=disable"
+	}
+	db, err := ping(url)
+	if err != nil {
+		Unavailable(t, "no PostgreSQL with wal_level=logical at "+url+" (bash .ci/walcluster): "+err.Error())
+	}
+	db.Close()
+	return url
+}

@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/oncommit/oncommit/internal/walenv"
 )
 
 // Errors a reader fails with before it reads anything.
@@ -45,11 +47,12 @@ type ReaderConfig struct {
 
 // Msg is one message read from the slot.
 type Msg struct {
-	Envelope
+	walenv.Envelope
 	// LSN is the message's own position; End the end of its transaction,
 	// which Settled takes.
 	LSN, End pglogrepl.LSN
-	// CommitTime is its transaction's commit time.
+	// CommitTime is its transaction's commit time: the message's creation
+	// time.
 	CommitTime time.Time
 }
 
@@ -61,6 +64,7 @@ type Reader struct {
 	cfg        ReaderConfig
 	conn       *pgconn.PgConn
 	track      tracker
+	walEnd     atomic.Uint64 // the server's WAL end, as last reported
 	sent       pglogrepl.LSN // last position confirmed to the server
 	nextStatus time.Time
 	inTx       bool
@@ -71,10 +75,13 @@ type Reader struct {
 // slot (typed errors above), and starts streaming from the slot's
 // confirmed position.
 func Open(ctx context.Context, cfg ReaderConfig) (*Reader, error) {
-	for _, n := range [...][2]string{{"slot", cfg.Slot}, {"publication", cfg.Publication}, {"prefix", cfg.Prefix}} {
+	for _, n := range [...][2]string{{"slot", cfg.Slot}, {"publication", cfg.Publication}} {
 		if err := checkName(n[0], n[1]); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Prefix == "" {
+		return nil, fmt.Errorf("%w: empty prefix", ErrName)
 	}
 	if cfg.StatusInterval <= 0 {
 		cfg.StatusInterval = time.Second
@@ -181,6 +188,7 @@ func (r *Reader) copyData(ctx context.Context, data []byte) ([]Msg, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.walEnd.Store(uint64(ka.ServerWALEnd))
 		if !r.inTx {
 			r.track.idle(ka.ServerWALEnd)
 		}
@@ -190,6 +198,7 @@ func (r *Reader) copyData(ctx context.Context, data []byte) ([]Msg, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.walEnd.Store(uint64(xld.ServerWALEnd))
 		return r.decode(xld.WALData)
 	}
 	return nil, nil
@@ -209,14 +218,14 @@ func (r *Reader) decode(wal []byte) ([]Msg, error) {
 		}
 		// The content aliases the connection's read buffer, which the
 		// next receive overwrites.
-		e, err := Decode(bytes.Clone(m.Content))
+		e, err := walenv.Decode(bytes.Clone(m.Content))
 		if err != nil {
 			return nil, fmt.Errorf("at %s: %w", m.LSN, err)
 		}
 		r.tx = append(r.tx, Msg{Envelope: e, LSN: m.LSN})
 	case *pglogrepl.CommitMessage:
 		r.inTx = false
-		r.track.add(m.TransactionEndLSN, len(r.tx))
+		r.track.add(m.TransactionEndLSN, m.CommitTime, len(r.tx))
 		if len(r.tx) == 0 {
 			return nil, nil
 		}
@@ -236,9 +245,24 @@ func (r *Reader) decode(wal []byte) ([]Msg, error) {
 // moves past its transaction.
 func (r *Reader) Settled(m Msg) { r.track.settled(m.End) }
 
+// SettledAt is Settled for a message of the transaction ending at end.
+func (r *Reader) SettledAt(end pglogrepl.LSN) { r.track.settled(end) }
+
 // Position is the position the reader may confirm, and the number of
 // transactions read whose messages are not all settled.
 func (r *Reader) Position() (pglogrepl.LSN, int) { return r.track.position() }
+
+// Lag is how many bytes of WAL the server has written past the position
+// the reader may confirm, as of the server's last report, and the commit
+// time of the oldest transaction read and not all settled (zero when
+// none is).
+func (r *Reader) Lag() (bytes int64, oldest time.Time) {
+	pos, _ := r.track.position()
+	if end := pglogrepl.LSN(r.walEnd.Load()); end > pos {
+		bytes = int64(end - pos)
+	}
+	return bytes, r.track.oldest()
+}
 
 // status confirms the settled position to the server when it is due, or
 // now when force is true.

@@ -5,34 +5,18 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oncommit/oncommit/internal/pgtest"
+	"github.com/oncommit/oncommit/internal/walenv"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
 
-// walURL is the PostgreSQL cluster with wal_level=logical that .ci/walcluster
-// starts (OUTBOX_TEST_WAL_URL, else port 5433); without one the test is
-// skipped, or fails under CI=true.
-func walURL(t *testing.T) string {
-	t.Helper()
-	url := os.Getenv("OUTBOX_TEST_WAL_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5433/test?sslmode=disable"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := pgconn.Connect(ctx, url)
-	if err != nil {
-		pgtest.Unavailable(t, "no PostgreSQL with wal_level=logical at "+url+" (bash .ci/walcluster): "+err.Error())
-	}
-	c.Close(ctx)
-	return url
-}
+// walURL is the PostgreSQL cluster with wal_level=logical (pgtest.WALURL).
+func walURL(t *testing.T) string { return pgtest.WALURL(t) }
 
 // slot sets up a fresh slot and publication on url, dropped when t ends.
 func slot(t *testing.T, url string) (slot, pub string) {
@@ -66,7 +50,7 @@ func slot(t *testing.T, url string) (slot, pub string) {
 
 // emit publishes one transaction of envelopes under prefix, committed or
 // rolled back.
-func emit(t *testing.T, url, prefix string, commit bool, es ...Envelope) {
+func emit(t *testing.T, url, prefix string, commit bool, es ...walenv.Envelope) {
 	t.Helper()
 	ctx := context.Background()
 	c, err := pgx.Connect(ctx, url)
@@ -80,7 +64,7 @@ func emit(t *testing.T, url, prefix string, commit bool, es ...Envelope) {
 	}
 	args := []any{prefix}
 	for _, e := range es {
-		args = append(args, Append(nil, e))
+		args = append(args, walenv.Append(nil, e))
 	}
 	if _, err := tx.Exec(ctx, EmitSQL(len(es)), args...); err != nil {
 		t.Fatal(err)
@@ -138,19 +122,19 @@ func topics(msgs []Msg) (s []string) {
 func TestReadSettleConfirm(t *testing.T) {
 	url := walURL(t)
 	s, p := slot(t, url)
-	at := time.Now().UTC().Truncate(time.Microsecond)
-	emit(t, url, "oncommit", true, Envelope{ID: outboxdriver.ID{1}, Topic: "a1", Key: "k", Payload: []byte(`{"n":1}`), CreatedAt: at},
-		Envelope{ID: outboxdriver.ID{2}, Topic: "a2", CreatedAt: at})
-	emit(t, url, "other", true, Envelope{Topic: "not ours"})
-	emit(t, url, "oncommit", false, Envelope{Topic: "rolled back"})
-	emit(t, url, "oncommit", true, Envelope{ID: outboxdriver.ID{3}, Topic: "b1"})
+	before := time.Now()
+	emit(t, url, "oncommit", true, walenv.Envelope{ID: outboxdriver.ID{1}, Topic: "a1", Key: "k", Payload: []byte(`{"n":1}`)},
+		walenv.Envelope{ID: outboxdriver.ID{2}, Topic: "a2"})
+	emit(t, url, "other", true, walenv.Envelope{Topic: "not ours"})
+	emit(t, url, "oncommit", false, walenv.Envelope{Topic: "rolled back"})
+	emit(t, url, "oncommit", true, walenv.Envelope{ID: outboxdriver.ID{3}, Topic: "b1"})
 
 	r := open(t, url, s, p)
 	a := next(t, r)
 	if got := topics(a); len(got) != 2 || got[0] != "a1" || got[1] != "a2" {
 		t.Fatalf("first transaction: %v", got)
 	}
-	if m := a[0]; m.ID != (outboxdriver.ID{1}) || m.Key != "k" || string(m.Payload) != `{"n":1}` || !m.CreatedAt.Equal(at) || m.End == 0 || a[1].End != m.End || a[1].LSN <= m.LSN {
+	if m := a[0]; m.ID != (outboxdriver.ID{1}) || m.Key != "k" || string(m.Payload) != `{"n":1}` || m.CommitTime.Before(before.Add(-time.Second)) || m.End == 0 || a[1].End != m.End || a[1].LSN <= m.LSN {
 		t.Errorf("first message: %+v", m)
 	}
 	b := next(t, r)
@@ -186,7 +170,7 @@ func TestReadSettleConfirm(t *testing.T) {
 	r = reopen(t, url, s, p)
 	defer r.Close(context.Background())
 	nothing(t, r)
-	emit(t, url, "oncommit", true, Envelope{Topic: "c1"})
+	emit(t, url, "oncommit", true, walenv.Envelope{Topic: "c1"})
 	if got := topics(next(t, r)); len(got) != 1 || got[0] != "c1" {
 		t.Fatalf("after everything settled: %v, want only the new c1", got)
 	}
@@ -214,14 +198,14 @@ func reopen(t *testing.T, url, slot, pub string) *Reader {
 func TestOneReaderPerSlot(t *testing.T) {
 	url := walURL(t)
 	s, p := slot(t, url)
-	emit(t, url, "oncommit", true, Envelope{Topic: "x"})
+	emit(t, url, "oncommit", true, walenv.Envelope{Topic: "x"})
 	r1 := open(t, url, s, p)
 	x := next(t, r1)
 	if _, err := Open(context.Background(), ReaderConfig{ConnString: url, Slot: s, Publication: p, Prefix: "oncommit"}); !errors.Is(err, ErrSlotBusy) {
 		t.Fatalf("second reader: %v, want ErrSlotBusy", err)
 	}
 	r1.Settled(x[0])
-	emit(t, url, "oncommit", true, Envelope{Topic: "y"})
+	emit(t, url, "oncommit", true, walenv.Envelope{Topic: "y"})
 	if err := r1.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -1,3 +1,9 @@
+// Package pgwal is the PostgreSQL WAL transport's wire: the statement that
+// emits messages as transactional logical decoding messages
+// (pg_logical_emit_message) in the publisher's transaction, the slot and
+// publication they are read through, and a reader of the slot that
+// confirms a position only when every message at or below it is settled.
+// The envelope itself is package walenv's.
 package pgwal
 
 import (
@@ -34,6 +40,14 @@ var name = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // ErrName reports a slot, publication or prefix name that is not a lower-case
 // SQL identifier of at most 63 bytes.
 var ErrName = errors.New("pgwal: invalid name")
+
+// CheckNames checks a slot's and a publication's names.
+func CheckNames(slot, publication string) error {
+	if err := checkName("slot", slot); err != nil {
+		return err
+	}
+	return checkName("publication", publication)
+}
 
 func checkName(what, s string) error {
 	if !name.MatchString(s) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -21,14 +22,15 @@ type tracker struct {
 type trackedTx struct {
 	end  pglogrepl.LSN
 	left int
+	at   time.Time // commit time
 }
 
-// add records a transaction ending at end with n messages to settle; one
-// with none is settled at once.
-func (t *tracker) add(end pglogrepl.LSN, n int) {
+// add records a transaction ending at end, committed at at, with n
+// messages to settle; one with none is settled at once.
+func (t *tracker) add(end pglogrepl.LSN, at time.Time, n int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.txs = append(t.txs, trackedTx{end: end, left: n})
+	t.txs = append(t.txs, trackedTx{end: end, left: n, at: at})
 	t.advanceLocked()
 }
 
@@ -65,6 +67,17 @@ func (t *tracker) advanceLocked() {
 		t.confirmed = max(t.confirmed, t.txs[i].end)
 	}
 	t.txs = t.txs[i:]
+}
+
+// oldest is the commit time of the oldest transaction not all settled;
+// zero when none is outstanding.
+func (t *tracker) oldest() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.txs) == 0 {
+		return time.Time{}
+	}
+	return t.txs[0].at
 }
 
 // position is the position the slot may be confirmed to, and the number

@@ -1,15 +1,13 @@
-// Package pgwal is the PostgreSQL WAL transport's wire: the envelope a
-// message travels in as a transactional logical decoding message
-// (pg_logical_emit_message), the statement that emits it, the slot and
-// publication it is read through, and a reader of the slot that confirms a
-// position only when every message at or below it is settled.
-package pgwal
+// Package walenv is the envelope a message of PostgreSQL's WAL transport
+// travels in, as the content of a transactional logical decoding message
+// (pg_logical_emit_message). It has no dependencies beyond the SPI, so the
+// sqlmock kit can read what Publish sends.
+package walenv
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -23,8 +21,6 @@ type Envelope struct {
 	Headers []byte // JSON object, nil means none
 	// Ordered is true when the message is delivered in order within Key.
 	Ordered bool
-	// CreatedAt is the publish time, in microseconds (UTC).
-	CreatedAt time.Time
 }
 
 // version is the first byte of every envelope; a reader refuses others.
@@ -33,11 +29,10 @@ const version = 1
 const flagOrdered = 1
 
 // ErrEnvelope reports content that is not an envelope of this version.
-var ErrEnvelope = errors.New("pgwal: malformed envelope")
+var ErrEnvelope = errors.New("walenv: malformed envelope")
 
-// Append appends e's encoding to dst: version, flags, the id, the creation
-// time (Unix microseconds, big-endian), then topic, key, headers and
-// payload, each as a uvarint of its length plus one (0 for nil) and its
+// Append appends e's encoding to dst: version, flags, the id, then topic,
+// key, headers and payload, each as a uvarint of its length plus one (0 for nil) and its
 // bytes.
 func Append(dst []byte, e Envelope) []byte {
 	var flags byte
@@ -46,7 +41,6 @@ func Append(dst []byte, e Envelope) []byte {
 	}
 	dst = append(dst, version, flags)
 	dst = append(dst, e.ID[:]...)
-	dst = binary.BigEndian.AppendUint64(dst, uint64(e.CreatedAt.UnixMicro()))
 	dst = appendField(dst, []byte(e.Topic), true)
 	dst = appendField(dst, []byte(e.Key), true)
 	dst = appendField(dst, e.Headers, e.Headers != nil)
@@ -65,7 +59,7 @@ func appendField(dst, b []byte, present bool) []byte {
 // alias b.
 func Decode(b []byte) (Envelope, error) {
 	var e Envelope
-	const head = 2 + len(outboxdriver.ID{}) + 8
+	const head = 2 + len(outboxdriver.ID{})
 	if len(b) < head {
 		return e, fmt.Errorf("%w: %d bytes", ErrEnvelope, len(b))
 	}
@@ -74,7 +68,6 @@ func Decode(b []byte) (Envelope, error) {
 	}
 	e.Ordered = b[1]&flagOrdered != 0
 	copy(e.ID[:], b[2:])
-	e.CreatedAt = time.UnixMicro(int64(binary.BigEndian.Uint64(b[2+len(e.ID):]))).UTC()
 	rest := b[head:]
 	var fields [4][]byte
 	for i := range fields {

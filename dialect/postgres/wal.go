@@ -1,0 +1,247 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncommit/oncommit/internal/pgwal"
+	"github.com/oncommit/oncommit/internal/walenv"
+	"github.com/oncommit/oncommit/outboxdriver"
+)
+
+// The errors of the WAL transport, which the relay's Run returns.
+var (
+	// ErrWALLevel: the server's wal_level is not logical.
+	ErrWALLevel = pgwal.ErrWALLevel
+	// ErrSlotMissing: the replication slot does not exist (see SetupWAL).
+	ErrSlotMissing = pgwal.ErrSlotMissing
+	// ErrSlotLost: the slot was invalidated (wal_status lost): the WAL it
+	// held, and the messages in it, are gone.
+	ErrSlotLost = pgwal.ErrSlotLost
+	// ErrNoReplication: the connection may not replicate (no REPLICATION
+	// attribute, no replication line in pg_hba.conf, or a pooler between).
+	ErrNoReplication = pgwal.ErrNoReplication
+	// ErrWALName: a slot or publication name that is not a lower-case SQL
+	// identifier.
+	ErrWALName = pgwal.ErrName
+)
+
+// Defaults of WALConfig.
+const (
+	DefaultWALSlot        = "oncommit"
+	DefaultWALPublication = "oncommit"
+)
+
+// WALConfig configures the WAL transport; see [WALDialect].
+type WALConfig struct {
+	// ConnString is the database's connection string (URL or key=value),
+	// from which the relay opens its replication connection. It must reach
+	// PostgreSQL itself, not a pooler, as a role with the REPLICATION
+	// attribute (or a superuser). Publishing does not use it.
+	ConnString string
+	// Slot and Publication are the logical replication slot and the
+	// publication the relay reads through, made by [SetupWAL]. Default
+	// DefaultWALSlot and DefaultWALPublication. Each outbox table needs a
+	// slot of its own.
+	Slot, Publication string
+}
+
+// WALDialect returns the PostgreSQL dialect with the WAL transport: Publish
+// sends each message as a transactional logical decoding message
+// (pg_logical_emit_message) in the caller's transaction, a batch in one
+// statement, instead of a row; the relay reads them from a logical
+// replication slot in commit order and writes nothing when a handler
+// succeeds. A message with a DedupKey, a Delay or a NotBefore, or ordered
+// by key (Config.OrderByKey), is stored in the table as with [Dialect], and
+// so is every message of a batch that holds one. A message whose handler
+// fails is written into the table with its outcome, and is retried, dead
+// lettered, inspected and redriven there as any other. The table and
+// its migrations stay: run them, then [SetupWAL].
+//
+// The server needs wal_level = logical. One relay at a time reads the
+// slot; the others claim from the table and wait to take the slot over.
+// docs/operations.md (The WAL transport) has what it costs and how to run
+// it.
+func WALDialect(cfg WALConfig) (outboxdriver.Dialect, error) {
+	if cfg.Slot == "" {
+		cfg.Slot = DefaultWALSlot
+	}
+	if cfg.Publication == "" {
+		cfg.Publication = DefaultWALPublication
+	}
+	if err := pgwal.CheckNames(cfg.Slot, cfg.Publication); err != nil {
+		return nil, err
+	}
+	if cfg.ConnString != "" {
+		if _, err := pgconn.ParseConfig(cfg.ConnString); err != nil {
+			return nil, fmt.Errorf("postgres: WALConfig.ConnString: %w", err)
+		}
+	}
+	return &walDialect{dialect: Dialect().(*dialect), cfg: cfg}, nil
+}
+
+// SetupWAL creates, when missing, the publication and the logical
+// replication slot that cfg names, on the server cfg.ConnString reaches.
+// It fails with ErrWALLevel when the server's wal_level is not logical.
+// The slot keeps WAL from the moment it is made: messages published
+// before it are not in it. Run it once, like a migration, before the
+// first publish; a slot nobody reads keeps WAL without bound (see
+// max_slot_wal_keep_size).
+func SetupWAL(ctx context.Context, cfg WALConfig) error {
+	return withConn(ctx, cfg, func(c *pgconn.PgConn, cfg WALConfig) error {
+		_, err := pgwal.Setup(ctx, c, cfg.Slot, cfg.Publication)
+		return err
+	})
+}
+
+// DropWAL drops the slot and the publication that cfg names, when they
+// exist; no relay may be reading the slot. Messages published and not yet
+// delivered are lost with it.
+func DropWAL(ctx context.Context, cfg WALConfig) error {
+	return withConn(ctx, cfg, func(c *pgconn.PgConn, cfg WALConfig) error {
+		return pgwal.Drop(ctx, c, cfg.Slot, cfg.Publication)
+	})
+}
+
+func withConn(ctx context.Context, cfg WALConfig, f func(*pgconn.PgConn, WALConfig) error) error {
+	if cfg.Slot == "" {
+		cfg.Slot = DefaultWALSlot
+	}
+	if cfg.Publication == "" {
+		cfg.Publication = DefaultWALPublication
+	}
+	c, err := pgconn.Connect(ctx, cfg.ConnString)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	return f(c, cfg)
+}
+
+// walDialect is the PostgreSQL dialect whose Insert emits messages into
+// the WAL when it can.
+type walDialect struct {
+	*dialect
+	cfg WALConfig
+}
+
+// prefix is the logical message prefix of table t's messages: a relay of
+// one table never reads another's.
+func walPrefix(t outboxdriver.Table) string { return "oncommit:" + t.String() }
+
+// walRow reports whether r travels through the WAL: the table's features
+// (dedup, scheduling, ordering) are not needed for it.
+func walRow(r *outboxdriver.Row) bool {
+	return !r.Ordered && r.DedupKey == "" && r.Delay <= 0 && r.NotBefore.IsZero()
+}
+
+// Insert emits rows as logical decoding messages, in one statement:
+//
+//	SELECT pg_logical_emit_message(true, $1::text, v.m) FROM (VALUES ($2::bytea), ($3::bytea)) AS v(m)
+//
+// with $1 the table's prefix and each further argument a message's
+// envelope (package walenv). When some row needs the table it returns
+// [Dialect]'s statement for them all.
+func (d *walDialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
+	for i := range rows {
+		if !walRow(&rows[i]) {
+			return d.dialect.Insert(t, rows, wake)
+		}
+	}
+	args := make([]any, 1, len(rows)+1)
+	args[0] = walPrefix(t)
+	for i := range rows {
+		r := &rows[i]
+		args = append(args, walenv.Append(nil, walenv.Envelope{ID: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload, Headers: r.Headers}))
+	}
+	return pgwal.EmitSQL(len(rows)), args
+}
+
+// OpenStream opens the slot for table t's messages; a slot another relay
+// reads gives an error wrapping outboxdriver.ErrStreamBusy.
+func (d *walDialect) OpenStream(ctx context.Context, t outboxdriver.Table) (outboxdriver.Stream, error) {
+	if d.cfg.ConnString == "" {
+		return nil, fmt.Errorf("%w: the WAL transport's relay needs WALConfig.ConnString", outboxdriver.ErrStreamUnusable)
+	}
+	r, err := pgwal.Open(ctx, pgwal.ReaderConfig{ConnString: d.cfg.ConnString, Slot: d.cfg.Slot, Publication: d.cfg.Publication, Prefix: walPrefix(t)})
+	switch {
+	case errors.Is(err, pgwal.ErrSlotBusy):
+		return nil, fmt.Errorf("%w: %w", outboxdriver.ErrStreamBusy, err)
+	case errors.Is(err, pgwal.ErrWALLevel), errors.Is(err, pgwal.ErrSlotMissing), errors.Is(err, pgwal.ErrSlotLost), errors.Is(err, pgwal.ErrNoReplication), errors.Is(err, pgwal.ErrName):
+		return nil, fmt.Errorf("%w: %w", outboxdriver.ErrStreamUnusable, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &walStream{r: r}, nil
+}
+
+// storeWAL writes a stream message into the table; see StoreSQL.
+func storeWAL(tbl string) string {
+	return `INSERT INTO ` + tbl + ` (id, topic, message_key, payload, headers, state, attempts, available_at, created_at, settled_at, last_error)
+VALUES ($1::uuid, $2, NULLIF($3, ''), $4::jsonb, $5::jsonb, $6, $7,
+        CASE WHEN $8::timestamptz IS NOT NULL THEN greatest(now(), $8::timestamptz) ELSE now() + make_interval(secs => $9::float8) END,
+        $10::timestamptz, CASE WHEN $6 = 'dead' THEN now() END, NULLIF($11, ''))
+ON CONFLICT (id) DO NOTHING`
+}
+
+// StoreSQL writes stream message m into table t with outcome s, one
+// statement; a row with m's id is left as it is.
+func (d *walDialect) StoreSQL(t outboxdriver.Table, m *outboxdriver.StreamMessage, s outboxdriver.Settlement) (string, []any) {
+	state, attempts := "pending", 1
+	switch s.Kind {
+	case outboxdriver.SettleDead:
+		state = "dead"
+	case outboxdriver.SettleRetry:
+	default: // not handled here: waits for a relay with its handler
+		attempts = 0
+	}
+	var at any
+	if !s.At.IsZero() {
+		at = s.At
+	}
+	var payload, headers any
+	if m.Payload != nil {
+		payload = string(m.Payload)
+	}
+	if m.Headers != nil {
+		headers = string(m.Headers)
+	}
+	return storeWAL(quoteTable(t)), []any{m.ID.String(), m.Topic, m.Key, payload, headers, state, attempts, at, s.Delay.Seconds(), m.CreatedAt, s.Error}
+}
+
+// walStream is a slot reader as an outboxdriver.Stream.
+type walStream struct {
+	r *pgwal.Reader
+}
+
+func (s *walStream) Next(ctx context.Context) ([]outboxdriver.StreamMessage, error) {
+	msgs, err := s.r.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]outboxdriver.StreamMessage, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		out[i] = outboxdriver.StreamMessage{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, CreatedAt: m.CommitTime, Pos: uint64(m.End)}
+	}
+	return out, nil
+}
+
+func (s *walStream) Settled(m *outboxdriver.StreamMessage) { s.r.SettledAt(pglogrepl.LSN(m.Pos)) }
+
+func (s *walStream) Lag(context.Context) (outboxdriver.StreamLag, error) {
+	b, at := s.r.Lag()
+	return outboxdriver.StreamLag{Bytes: b, Oldest: at}, nil
+}
+
+func (s *walStream) Close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return s.r.Close(ctx)
+}
