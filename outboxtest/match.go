@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/oncommit/oncommit/internal/walenv"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -254,4 +255,40 @@ func (m arrayMatch) String() string {
 		}
 	}
 	return "array {" + strings.Join(parts, ", ") + "}"
+}
+
+// envelopeMatch matches a message of PostgreSQL's WAL transport
+// (postgres.WALDialect) as the publish statement carries it: the same
+// topic, key and ordering, payload and headers equal as JSON, any id.
+type envelopeMatch struct{ want walenv.Envelope }
+
+func (m envelopeMatch) Match(v driver.Value) bool {
+	b, ok := v.([]byte)
+	if !ok {
+		return false
+	}
+	got, err := walenv.Decode(b)
+	if err != nil || got.Topic != m.want.Topic || got.Key != m.want.Key || got.Ordered != m.want.Ordered {
+		return false
+	}
+	return sameJSON(m.want.Payload, got.Payload) && sameJSON(m.want.Headers, got.Headers)
+}
+
+// sameJSON reports whether two stored documents (nil for NULL) are the
+// same: both NULL, or equal as JSON.
+func sameJSON(a, b []byte) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	da, errA := decodeJSON(a)
+	db, errB := decodeJSON(b)
+	if errA != nil || errB != nil {
+		return bytes.Equal(a, b)
+	}
+	return equalJSON(da, db)
+}
+
+// String shows the expected message in sqlmock's messages.
+func (m envelopeMatch) String() string {
+	return fmt.Sprintf("WAL message topic=%q key=%q payload=%s headers=%s", m.want.Topic, m.want.Key, m.want.Payload, m.want.Headers)
 }

@@ -155,16 +155,29 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 	at := func(m outbox.Message, t time.Time) outbox.Message { m.NotBefore = t; return m }
 	other := func(f func(m *outbox.Message)) outbox.Message { m := sent; f(&m); return m }
 
+	// The WAL transport sends a message without a DedupKey or NotBefore
+	// as a logical decoding message, its envelope one bytea argument.
+	wal, err := postgres.WALDialect(postgres.WALConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, mt := range matchers {
-		for _, cfg := range []outbox.Config{
-			{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery},
-			{Notify: outbox.NotifyOff},
+		for _, dc := range []struct {
+			name string
+			d    outbox.Dialect
+			cfg  outbox.Config
+		}{
+			{"table", postgres.Dialect(), outbox.Config{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery}},
+			{"table", postgres.Dialect(), outbox.Config{Notify: outbox.NotifyOff}},
 			// Ordered: one array per column, and with a DedupKey a second
 			// statement that numbers the stored messages.
-			{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery, OrderByKey: true},
-			{Notify: outbox.NotifyOff, OrderByKey: true},
+			{"table", postgres.Dialect(), outbox.Config{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery, OrderByKey: true}},
+			{"table", postgres.Dialect(), outbox.Config{Notify: outbox.NotifyOff, OrderByKey: true}},
+			{"wal", wal, outbox.Config{Notify: outbox.NotifyAuto, NotifyInterval: outbox.NotifyEvery}},
+			{"wal", wal, outbox.Config{Notify: outbox.NotifyOff, OrderByKey: true}},
 		} {
-			ob, err := outbox.New(postgres.Dialect(), cfg)
+			cfg := dc.cfg
+			ob, err := outbox.New(dc.d, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +205,7 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 				{"batch, other order", []outbox.Message{want, other(func(m *outbox.Message) { m.Key = "B-1"; m.Payload = want.Payload })},
 					[]outbox.Message{other(func(m *outbox.Message) { m.Key = "B-1" }), sent}, false},
 			} {
-				t.Run(fmt.Sprintf("%s/notify%d/ordered=%v/%s", mt.name, cfg.Notify, cfg.OrderByKey, tc.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%s/notify%d/ordered=%v/%s", mt.name, dc.name, cfg.Notify, cfg.OrderByKey, tc.name), func(t *testing.T) {
 					db, mock := newMock(t, mt.opt)
 					mock.ExpectBegin()
 					outboxtest.ExpectPublish(mock, ob, tc.want...)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/oncommit/oncommit/internal/publishsql"
+	"github.com/oncommit/oncommit/internal/walenv"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -276,6 +277,11 @@ type probes struct {
 // the JSON documents matches as JSON, one that moved with NotBefore
 // matches the range; an array literal matches element by element.
 func argMatcher(a any, ids map[string]bool, p probes) driver.Value {
+	if b, ok := a.([]byte); ok {
+		if e, err := walenv.Decode(b); err == nil {
+			return envelopeMatch{e}
+		}
+	}
 	if el, ok := arrayElems(a); ok {
 		elem := func(v any, has bool, j int) (any, bool) {
 			if !has {
