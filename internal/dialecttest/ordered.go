@@ -45,6 +45,7 @@ var orderedCases = []envCase{
 	{"OrderedClaimCarriesDone", orderedClaimCarriesDone},
 	{"OrderedInterleavings", orderedInterleavings},
 	{"OrderedRedriveRacesDeath", orderedRedriveRacesDeath},
+	{"OrderedRedriveLockRace", orderedRedriveLockRace},
 	{"OrderedPlainRedrive", orderedPlainRedrive},
 	{"OrderedRedrivePlace", orderedRedrivePlace},
 	{"OrderedHeldKeyLiveness", orderedHeldKeyLiveness},

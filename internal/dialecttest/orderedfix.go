@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,33 +27,13 @@ import (
 // without its key lock; the settle, not seeing it, promoted nothing: J was
 // left with a blocked message and no head, for good.
 func orderedRedriveRacesDeath(t *testing.T, e *env) {
-	if e.ob.Dialect().Name() == "sqlite" {
-		t.Skip("SQLite has one writer at a time: a redrive parked in its transaction holds every other write, so the race needs a second writer that cannot exist there")
-	}
+	skipOneWriter(t, e)
 	for n := 1; ; n++ {
-		resetTables(t, e)
-		g := NewGate(e.DB)
-		db := g.DB()
-		msg := func(k string) outbox.Message { return outbox.Message{Topic: topicX, Key: k} }
-		a := resIDs(e.publish(t, msg("A")))
-		e.settleHead(t, a[0], "A", outboxdriver.Settlement{Kind: outboxdriver.SettleDead, Error: "x"}, false)
-		j := resIDs(e.publish(t, msg("J"), msg("J")))
-		redrive, ok := runParked(t, g, "R", n, func(ctx context.Context) error {
-			_, err := e.ob.Redrive(ctx, db, "")
-			return err
-		})
+		r, ok := startRedriveRace(t, e, n)
 		if !ok {
-			if n == 1 {
-				t.Fatal("the redrive sent no statement")
-			}
 			return
 		}
-		// J's head dies after the redrive began; J's next is claimed.
-		e.settleHead(t, j[0], "J", outboxdriver.Settlement{Kind: outboxdriver.SettleDead, Error: "x"}, false)
-		cs := e.claimOrdered(t, 10, 0, time.Minute)
-		if len(cs) != 1 || cs[0].ID != j[1] {
-			t.Fatalf("statement %d: claimed %v, want J's next", n, cs)
-		}
+		g, db, j, redrive := r.g, r.db, r.j, r.redrive
 		// The redrive goes on to its next statement and parks there
 		// (or ends) while J's next is settled.
 		next := g.ParkAfter("R", n+1)
@@ -331,4 +312,135 @@ func orderedHeldKeyLiveness(t *testing.T, e *env) {
 		t.Fatalf("Run did not return within ShutdownGrace + 1s with k's transaction open")
 	}
 	t.Logf("Run returned %v after its context ended", time.Since(start))
+}
+
+// orderedRedriveLockRace (finding 2): a message that dies while a redrive
+// is between its statements, then a settle of that message's key that has
+// locked the key row when the redrive goes on. The redrive parks after
+// each of its statements in turn; meanwhile J's head dies under Continue
+// and J's next message is claimed; a settle of J's next locks J's key row
+// and parks; the redrive resumes (if it waits 300ms, for J's key, the
+// settle resumes too). Before the fix (PostgreSQL), the redrive locked the
+// keys it saw in its first statement and re-selected dead messages on a
+// new snapshot in its second: it redrove J's head, without J's key lock,
+// behind J's next, which it saw processing; the settle, not seeing the
+// redriven message, promoted nothing: J was left with one blocked message
+// and no head, for good. OrderedRedriveRacesDeath lets the redrive's
+// second statement run before the settle begins, and so does not catch it.
+func orderedRedriveLockRace(t *testing.T, e *env) {
+	skipOneWriter(t, e)
+	for n := 1; ; n++ {
+		r, ok := startRedriveRace(t, e, n)
+		if !ok {
+			return
+		}
+		g, db, a, j := r.g, r.db, r.a, r.j
+		name := fmt.Sprintf("redrive parked after statement %d", n)
+		// A settle of J's next locks J's key row (its first statement) and
+		// parks there, holding it.
+		f := outboxdriver.Fence{ID: j[1], Attempts: r.next.Attempts}
+		run := outboxdriver.RunOutcome{Head: f, Key: "J", Done: []outbox.ID{j[1]}}
+		settle, ok := runParked(t, g, "S", 1, func(ctx context.Context) error {
+			_, busy, err := e.od(t).SettleRuns(ctx, db, e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.RunOutcome{run})
+			if err == nil && len(busy) > 0 {
+				err = fmt.Errorf("busy %v", busy)
+			}
+			return err
+		})
+		if !ok {
+			t.Fatalf("%s: the settle sent no statement", name)
+		}
+		// The redrive goes on; if it waits (for J's key row), the settle
+		// goes on too.
+		errS, errR, waited := runBlocked(g, "R-resumed", 300*time.Millisecond, func(context.Context) error { return r.redrive() }, settle)
+		if errR != nil {
+			if !retryable(errR) {
+				t.Fatalf("%s: redrive: %v", name, errR)
+			}
+			t.Logf("%s: redrive: %v (rolled back; the next redrive below takes J's head)", name, errR)
+		}
+		if errS != nil {
+			if !retryable(errS) {
+				t.Fatalf("%s: settle: %v", name, errS)
+			}
+			// Busy or a lock conflict: nothing written; write it again, as
+			// a relay would.
+			e.settleRuns(t, run)
+		}
+		t.Logf("%s: the redrive waited for the settle: %v", name, waited)
+		checkInvariants(t, e, name, nil)
+		if t.Failed() {
+			return
+		}
+		// Everything is delivered: what is still dead (J's head, when it
+		// died after the redrive picked its messages) once redriven again.
+		order := drainOrder(t, e, 10, nil)
+		if _, err := e.ob.Redrive(context.Background(), e.DB, ""); err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, drainOrder(t, e, 10, nil)...)
+		slices.SortFunc(order, func(x, y outbox.ID) int { return strings.Compare(x.String(), y.String()) })
+		want := []outbox.ID{a[0], j[0]}
+		slices.SortFunc(want, func(x, y outbox.ID) int { return strings.Compare(x.String(), y.String()) })
+		if !slices.Equal(order, want) {
+			t.Errorf("%s: drained %v, want A's and J's heads %v, once each", name, order, want)
+		}
+		if left := e.count(t, "1 = 1"); left != 0 {
+			t.Errorf("%s: %d messages left after the drain", name, left)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// skipOneWriter skips the redrive races on SQLite.
+func skipOneWriter(t *testing.T, e *env) {
+	if e.ob.Dialect().Name() == "sqlite" {
+		t.Skip("SQLite has one writer at a time: a redrive parked in its transaction holds every other write, so the race needs a second writer that cannot exist there")
+	}
+}
+
+// redriveRace is the start of a redrive race (finding 2) on clean tables:
+// key A's only message dead under Continue, a redrive (of every topic,
+// through the Gate g) parked after its statement n, then key J's head
+// dead under Continue and J's next claimed (next).
+type redriveRace struct {
+	g       *Gate
+	db      outbox.DB
+	a, j    []outbox.ID
+	next    outboxdriver.Claimed
+	redrive func() error // resumes the redrive and waits for its error
+}
+
+// startRedriveRace sets up a redriveRace, or reports false when the
+// redrive ended before its statement n (failing t when n is 1).
+func startRedriveRace(t *testing.T, e *env, n int) (*redriveRace, bool) {
+	t.Helper()
+	resetTables(t, e)
+	r := &redriveRace{g: NewGate(e.DB)}
+	r.db = r.g.DB()
+	msg := func(k string) outbox.Message { return outbox.Message{Topic: topicX, Key: k} }
+	r.a = resIDs(e.publish(t, msg("A")))
+	e.settleHead(t, r.a[0], "A", outboxdriver.Settlement{Kind: outboxdriver.SettleDead, Error: "x"}, false)
+	r.j = resIDs(e.publish(t, msg("J"), msg("J")))
+	redrive, ok := runParked(t, r.g, "R", n, func(ctx context.Context) error {
+		_, err := e.ob.Redrive(ctx, r.db, "")
+		return err
+	})
+	if !ok {
+		if n == 1 {
+			t.Fatal("the redrive sent no statement")
+		}
+		return nil, false
+	}
+	r.redrive = redrive
+	// J's head dies after the redrive began; J's next is claimed.
+	e.settleHead(t, r.j[0], "J", outboxdriver.Settlement{Kind: outboxdriver.SettleDead, Error: "x"}, false)
+	cs := e.claimOrdered(t, 10, 0, time.Minute)
+	if len(cs) != 1 || cs[0].ID != r.j[1] {
+		t.Fatalf("statement %d: claimed %v, want J's next", n, cs)
+	}
+	r.next = cs[0]
+	return r, true
 }
