@@ -2,6 +2,7 @@ package dialecttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -54,7 +55,7 @@ func orderedRedriveRacesDeath(t *testing.T, e *env) {
 		_, errB, _ := runBlocked(g, "S", 300*time.Millisecond, func(ctx context.Context) error {
 			_, busy, err := e.od(t).SettleRuns(ctx, db, e.ob.Table(), outboxdriver.SettleParams{}, []outboxdriver.RunOutcome{{Head: f, Key: "J", Done: []outbox.ID{j[1]}}})
 			if err == nil && len(busy) > 0 {
-				err = fmt.Errorf("busy %v", busy)
+				err = fmt.Errorf("%w %v", errKeyBusy, busy)
 			}
 			return err
 		}, func() error {
@@ -64,9 +65,14 @@ func orderedRedriveRacesDeath(t *testing.T, e *env) {
 			}
 			return <-done
 		})
-		if errB != nil && !retryable(errB) {
-			// Busy: the redrive held J's key; write it again, as a relay would.
+		switch {
+		case errB == nil:
+		case errors.Is(errB, errKeyBusy) || retryable(errB):
+			// The redrive held J's key, or the settle lost a deadlock:
+			// write it again, as a relay would.
 			e.settleRuns(t, outboxdriver.RunOutcome{Head: f, Key: "J", Done: []outbox.ID{j[1]}})
+		default:
+			t.Fatalf("settle beside the redrive parked after statement %d: %v", n, errB)
 		}
 		name := fmt.Sprintf("redrive parked after statement %d", n)
 		checkInvariants(t, e, name, nil)
@@ -75,6 +81,9 @@ func orderedRedriveRacesDeath(t *testing.T, e *env) {
 		}
 	}
 }
+
+// errKeyBusy: a settle that found its key held, to be written again.
+var errKeyBusy = errors.New("busy")
 
 // orderedPlainRedrive (finding 4): Outbox.Redrive on an Outbox built
 // without OrderByKey redrives the dead ordered messages of the table as an
