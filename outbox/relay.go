@@ -216,7 +216,9 @@ func (r *Relay) addHandler(topic string, add func()) error {
 // handlers finish within RelayConfig.ShutdownGrace, cancels the rest,
 // writes the outcomes it has and returns nil. Database errors are logged
 // and retried; Run fails only when it cannot start (no handlers, already
-// started, [ErrTableMissing], [ErrSchemaMismatch]).
+// started, [ErrTableMissing], [ErrSchemaMismatch], or [ErrStreamUnusable]
+// for a dialect's message stream that cannot work). With a message stream
+// (postgres.WALDialect) Run also reads it, when no other relay does.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.started {
