@@ -2,9 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
+	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oncommit/oncommit/adapters/pgxtx"
@@ -15,15 +19,21 @@ import (
 )
 
 // TestChaos runs the chaos test (internal/chaostest) on PostgreSQL: relays
-// and publishers on native pgx (relays listen for notifications), and on
-// lib/pq (relays poll).
+// and publishers on native pgx (relays listen for notifications), on
+// lib/pq (relays poll), and with the WAL transport on native pgx (the
+// cluster with wal_level=logical: relays killed while one reads the slot,
+// publishers killed mid-transaction).
 func TestChaos(t *testing.T) {
-	for _, driver := range []string{"pgx", "libpq"} {
+	for _, driver := range []string{"pgx", "libpq", "wal"} {
 		t.Run(driver, func(t *testing.T) {
 			chaostest.Run(t, pgBackend(driver), chaostest.FromEnv())
 		})
 	}
 }
+
+// walChaos is the slot and publication of the WAL transport's chaos run,
+// the same in the test process and its children (one chaos run at a time).
+var walChaos = postgres.WALConfig{Slot: "chaos_wal", Publication: "chaos_wal"}
 
 // TestOrderedChaos runs the checker of ordered delivery
 // (chaostest.RunOrdered) on PostgreSQL through native pgx; under
@@ -44,6 +54,9 @@ func TestOrderedChaos(t *testing.T) {
 }
 
 func pgBackend(driver string) chaostest.Backend {
+	if driver == "wal" {
+		return walBackend()
+	}
 	return chaostest.Backend{
 		Dialect: postgres.Dialect(),
 		Setup: func(t testing.TB) chaostest.Target {
@@ -109,4 +122,68 @@ func pgBackend(driver string) chaostest.Backend {
 			return c, nil
 		},
 	}
+}
+
+// walBackend is pgBackend("pgx") with the WAL transport, on the cluster
+// with wal_level=logical: a fresh schema and a fresh slot per run.
+func walBackend() chaostest.Backend {
+	b := pgBackend("pgx")
+	url := os.Getenv("OUTBOX_TEST_WAL_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5433/test?sslmode=disable"
+	}
+	cfg := walChaos
+	cfg.ConnString = url
+	d, err := postgres.WALDialect(cfg)
+	if err != nil {
+		panic(err)
+	}
+	b.Dialect = d
+	b.Setup = func(t testing.TB) chaostest.Target {
+		url := pgtest.WALURL(t)
+		ctx := context.Background()
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		var r [5]byte
+		_, _ = rand.Read(r[:])
+		schema := "chaos_" + hex.EncodeToString(r[:])
+		if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`) })
+		if err := postgres.Migrate(ctx, db, schema+".outbox"); err != nil {
+			t.Fatal(err)
+		}
+		_ = postgres.DropWAL(ctx, cfg) // a run killed before its cleanup
+		if err := postgres.SetupWAL(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for range 100 { // the server frees a killed reader's slot shortly after
+				if postgres.DropWAL(ctx, cfg) == nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+		return chaostest.Target{"url": url, "schema": schema}
+	}
+	// Drained once the slot has confirmed the WAL position of the moment
+	// the publishers stopped: every message committed before it is handled
+	// or in the table.
+	b.StreamDrained = func(ctx context.Context, c *chaostest.Conn) (func() (bool, error), error) {
+		var upTo string
+		if err := c.SQL.QueryRowContext(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&upTo); err != nil {
+			return nil, err
+		}
+		return func() (bool, error) {
+			var ok bool
+			err := c.SQL.QueryRowContext(ctx, `SELECT coalesce(confirmed_flush_lsn >= $1::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $2`, upTo, cfg.Slot).Scan(&ok)
+			return ok, err
+		}, nil
+	}
+	return b
 }

@@ -56,6 +56,12 @@ type Backend struct {
 	// is quick, and long enough that a relay starved of CPU (-race, a busy
 	// CI machine) keeps its leases.
 	Lease time.Duration
+	// StreamDrained, for a dialect that streams messages beside the table
+	// (outboxdriver.Streamer), is called once every publisher has stopped:
+	// the function it returns reports whether the stream has settled
+	// everything published until then. Healing waits for it as well as for
+	// the table.
+	StreamDrained func(ctx context.Context, c *Conn) (func() (bool, error), error)
 }
 
 // Conn is one process's connections to the test's database.

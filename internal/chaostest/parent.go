@@ -418,16 +418,26 @@ func heal(t *testing.T, c *Conn, b Backend, o Options) error {
 		}
 	}()
 	deadline := time.Now().Add(30*time.Second + 2*b.Lease)
+	drained := func() (bool, error) { return true, nil }
+	if b.StreamDrained != nil {
+		if drained, err = b.StreamDrained(ctx, c); err != nil {
+			return err
+		}
+	}
 	for {
 		var n int
 		if err := c.SQL.QueryRow(`SELECT count(*) FROM ` + c.Table + ` WHERE state IN ('pending', 'processing')`).Scan(&n); err != nil {
 			return err
 		}
-		if n == 0 {
+		ok, err := drained()
+		if err != nil {
+			return err
+		}
+		if n == 0 && ok {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("healing: %d messages still pending or processing", n)
+			return fmt.Errorf("healing: %d messages still pending or processing (stream settled: %v)", n, ok)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
