@@ -114,6 +114,7 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 		batches:  map[string]*batchHandler{},
 		inflight: map[*claimBatch]struct{}{},
 		wake:     make(chan struct{}, 1),
+		stream:   newStream(rd),
 	}
 	if err := r.initOrdered(); err != nil {
 		return nil, err

@@ -40,18 +40,27 @@ type streamState struct {
 	done   chan struct{}
 }
 
+// newStream is the stream state of a relay of dialect d, nil when d has
+// no stream; made with the relay, so that the pointer is never written
+// while StreamLag may read it.
+func newStream(d outboxdriver.RelayDialect) *streamState {
+	s, ok := d.(outboxdriver.Streamer)
+	if !ok {
+		return nil
+	}
+	return &streamState{s: s, done: make(chan struct{})}
+}
+
 // openStream opens the dialect's stream at Run's start. A stream that
 // cannot work (outboxdriver.ErrStreamUnusable) fails Run; one that another
 // relay reads, or an error that may pass, leaves the relay to try again.
 func (r *Relay) openStream(ctx context.Context) error {
-	s, ok := r.d.(outboxdriver.Streamer)
-	if !ok {
+	if r.stream == nil {
 		return nil
 	}
-	r.stream = &streamState{s: s, done: make(chan struct{})}
 	octx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	st, err := s.OpenStream(octx, r.ob.table)
+	st, err := r.stream.s.OpenStream(octx, r.ob.table)
 	switch {
 	case err == nil:
 		r.stream.first = st
