@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"sync/atomic"
 	"time"
 
 	"github.com/oncommit/oncommit/dialect/postgres"
@@ -44,4 +46,39 @@ func walSystem(ctx context.Context) *system {
 		resetSlot(ctx)
 	}
 	return s
+}
+
+var walBytesN = flag.Int("wal-bytes-n", 5000, "compare: messages of the wal-bytes scenario")
+
+// walBytesRun is the WAL the server writes per message over its whole
+// life: n messages published one per transaction by one producer, then
+// delivered by one relay (no-op handler) with every outcome written,
+// measured as the advance of pg_current_wal_lsn() from before the first
+// publish to after the relay stopped, divided by n. Nothing else may write
+// to the server meanwhile.
+func walBytesRun(ctx context.Context, s *system, n int) float64 {
+	s.reset(ctx)
+	lsn := func() int64 {
+		var b int64
+		check(s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&b))
+		return b
+	}
+	start := lsn()
+	for range n {
+		tx, err := s.pool.Begin(ctx)
+		check(err)
+		check(s.publish(ctx, tx, 1, 0))
+		check(tx.Commit(ctx))
+	}
+	var k atomic.Int64
+	onMsg, done := untilHandled(n, func(int64) { k.Add(1) })
+	run, stop := s.consume(ctx, 1, onMsg)
+	run()
+	<-done
+	stop()
+	closePools()
+	if left := s.left(ctx); left != 0 {
+		check(errors.New("bench: wal-bytes: messages left after the drain"))
+	}
+	return float64(lsn()-start) / float64(n)
 }
