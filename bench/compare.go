@@ -35,7 +35,7 @@ var (
 	latency8N   = flag.Int("latency8-n", 1500, "compare: messages per latency8 measurement (at 500 msg/s from 8 producers)")
 )
 
-var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "publish-100-8", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "skew-3", "notify", "wal-bytes"}
+var compareScenarios = []string{"publish-1", "publish-8", "publish-100", "publish-100-8", "drain-1", "drain-4", "latency", "latency8", "claim", "skew", "skew-3", "notify", "wal-bytes", "held"}
 
 // series is one scenario's figures for one system, one per round.
 type series struct {
@@ -198,6 +198,11 @@ func compare(ctx context.Context, admin *pgxpool.Pool) {
 				p50, p99 := latency8Run(ctx, s, *latency8N)
 				res.add("latency8-p50", s.name, "ms", false, p50)
 				res.add("latency8-p99", s.name, "ms", false, p99)
+			}
+		}
+		if *compareOnly != "" && want("held") { // minutes: only when named
+			for _, s := range pick(onc, wal) {
+				heldRun(ctx, s)
 			}
 		}
 		if want("wal-bytes") {
