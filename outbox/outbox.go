@@ -95,6 +95,8 @@ type Outbox struct {
 	// wakeLoud is the notification a notifying publish sends (Send is
 	// false when the Outbox never notifies).
 	wakeLoud outboxdriver.Wake
+	// check refuses rows the dialect cannot store, nil when it stores all.
+	check outboxdriver.RowChecker
 
 	// With NotifyInterval: when the last notifying publish began, in
 	// nanoseconds since epoch (monotonic).
@@ -173,6 +175,7 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 		return nil, &ConfigError{Field: "NotifyInterval", Reason: "must not be negative (NotifyEvery notifies on every publish)"}
 	}
 	o := &Outbox{d: d, caps: caps, table: table, depth: MaxPayloadDepth, cfg: cfg, epoch: time.Now()}
+	o.check, _ = d.(outboxdriver.RowChecker)
 	if caps.MaxJSONDepth > 0 {
 		o.depth = min(o.depth, caps.MaxJSONDepth)
 	}
@@ -322,6 +325,11 @@ func (o *Outbox) rows(msgs []Message, buf []outboxdriver.Row) ([]outboxdriver.Ro
 			return nil, err
 		}
 		r.Ordered = o.cfg.OrderByKey && r.Key != ""
+		if o.check != nil {
+			if field, reason := o.check.CheckRow(r); reason != "" {
+				return nil, &MessageError{i, field, reason}
+			}
+		}
 	}
 	newIDs(rows)
 	return rows, nil

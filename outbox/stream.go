@@ -136,7 +136,12 @@ func (r *Relay) readStream(ctx, hctx context.Context, st outboxdriver.Stream) er
 	r.stream.mu.Lock()
 	r.stream.cur, r.stream.cancel = st, cancel
 	r.stream.mu.Unlock()
+	// A slot per handler running: the stream's handlers have Concurrency
+	// slots of their own, beside the claims'. ahead bounds the ordered
+	// messages read and waiting behind their key's.
 	sem := make(chan struct{}, r.cfg.Concurrency)
+	ahead := make(chan struct{}, max(r.cfg.BatchSize, r.cfg.Concurrency))
+	lines := &keyLines{m: map[string][]*outboxdriver.StreamMessage{}}
 	var mine sync.WaitGroup
 	defer mine.Wait()
 	for {
@@ -147,72 +152,160 @@ func (r *Relay) readStream(ctx, hctx context.Context, st outboxdriver.Stream) er
 			}
 			return err
 		}
-		// A slot per message: the stream's handlers have Concurrency slots
-		// of their own, beside the claims'.
 		for i := range msgs {
+			m := &msgs[i]
+			if m.Ordered {
+				select {
+				case ahead <- struct{}{}:
+				case <-ctx.Done():
+					return nil
+				}
+				if lines.add(m) {
+					mine.Add(1)
+					go func() {
+						defer mine.Done()
+						r.runKeyLine(ctx, sctx, st, sem, ahead, lines, m)
+					}()
+				}
+				continue
+			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
 				return nil // stopping: the rest is read again by the next reader
 			}
-			m := &msgs[i]
 			mine.Add(1)
 			go func() {
 				defer mine.Done()
 				defer func() { <-sem }()
-				r.deliverStream(ctx, sctx, st, m)
+				if s, ok := r.handleStream(sctx, m); s.Kind == outboxdriver.SettleDone || r.storeStream(ctx, m, s, ok) {
+					st.Settled(m)
+				}
 			}()
 		}
 	}
 }
 
-// deliverStream runs m's handler and settles it: nothing to write on
-// success, the table on failure (or when this relay has no handler for
-// its topic).
-func (r *Relay) deliverStream(ctx, hctx context.Context, st outboxdriver.Stream, m *outboxdriver.StreamMessage) {
+// keyLines holds, per key, the ordered stream messages read and waiting
+// for the one of their key in hand: one goroutine delivers a key's
+// messages, in commit order.
+type keyLines struct {
+	mu sync.Mutex
+	m  map[string][]*outboxdriver.StreamMessage
+}
+
+// add queues m behind its key's messages in hand, and reports whether
+// none was (the caller starts the key's line with m).
+func (l *keyLines) add(m *outboxdriver.StreamMessage) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q, busy := l.m[m.Key]
+	l.m[m.Key] = append(q, m)
+	return !busy
+}
+
+// next drops m, the key's message in hand, and returns the key's next
+// one, nil (and the key forgotten) when none waits.
+func (l *keyLines) next(m *outboxdriver.StreamMessage) *outboxdriver.StreamMessage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.m[m.Key][1:]
+	if len(q) == 0 {
+		delete(l.m, m.Key)
+		return nil
+	}
+	l.m[m.Key] = q
+	return q[0]
+}
+
+// runKeyLine delivers m and the messages of its key read after it, one at
+// a time. A message of a key with live messages in the table is stored
+// behind them; one of a key with none is delivered, and stored as the
+// key's head when its handler fails. A message not settled (the relay is
+// stopping) ends the line: the ones behind it are read again by the next
+// reader.
+func (r *Relay) runKeyLine(ctx, hctx context.Context, st outboxdriver.Stream, sem, ahead chan struct{}, lines *keyLines, m *outboxdriver.StreamMessage) {
+	for ; m != nil; m = lines.next(m) {
+		if !r.deliverOrderedStream(ctx, hctx, st, sem, m) {
+			return
+		}
+		<-ahead
+	}
+}
+
+// deliverOrderedStream settles ordered message m: stored behind its key's
+// live messages in the table, or delivered (and stored on failure). It
+// reports false when m could not be settled before ctx ended.
+func (r *Relay) deliverOrderedStream(ctx, hctx context.Context, st outboxdriver.Stream, sem chan struct{}, m *outboxdriver.StreamMessage) bool {
+	q, args := r.stream.s.QueueSQL(r.ob.table, m)
+	var queued bool
+	if !r.writeStream(ctx, m, q, args, &queued) {
+		return false
+	}
+	if !queued {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+		s, handled := r.handleStream(hctx, m)
+		<-sem
+		if s.Kind != outboxdriver.SettleDone && !r.storeStream(ctx, m, s, handled) {
+			return false
+		}
+	}
+	st.Settled(m)
+	return true
+}
+
+// handleStream runs m's handler and returns its outcome; handled is false
+// when this relay has no handler for m (a batch handler's topic, or none):
+// the table's claims take it.
+func (r *Relay) handleStream(hctx context.Context, m *outboxdriver.StreamMessage) (s outboxdriver.Settlement, handled bool) {
 	d := Delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempt: 1, CreatedAt: m.CreatedAt}
-	c := &outboxdriver.Claimed{ID: m.ID, Topic: m.Topic, Attempts: 1}
+	c := &outboxdriver.Claimed{ID: m.ID, Topic: m.Topic, Key: m.Key, Attempts: 1}
 	h := r.handlerOf(m.Topic)
-	var s outboxdriver.Settlement
 	var err error
 	if len(m.Headers) > 0 {
 		d.Headers, err = decodeHeaders(m.Headers)
 	}
 	switch {
 	case err != nil:
-		s = r.outcome(c, err)
+		return r.outcome(c, err), true
 	case h == nil:
-		// A batch handler's topic, or one this relay has no handler for:
-		// the table's claims take it.
-		s = outboxdriver.Settlement{}
-	default:
-		start := time.Now()
-		hc := hctx
-		if r.cfg.Observer != nil {
-			hc = r.cfg.Observer.HandlerStart(hctx, d)
-		}
-		err = r.call(hc, h, d)
-		s = r.outcome(c, err)
-		if r.cfg.Observer != nil {
-			r.observeHandled(hc, &d, &s, start, true, err)
-		}
+		return outboxdriver.Settlement{}, false
 	}
-	if s.Kind != outboxdriver.SettleDone && !r.storeStream(ctx, m, s) {
-		return // not settled: read again by the next reader
+	start := time.Now()
+	hc := hctx
+	if r.cfg.Observer != nil {
+		hc = r.cfg.Observer.HandlerStart(hctx, d)
 	}
-	st.Settled(m)
+	err = r.call(hc, h, d)
+	s = r.outcome(c, err)
+	if r.cfg.Observer != nil {
+		r.observeHandled(hc, &d, &s, start, true, err)
+	}
+	return s, true
 }
 
-// storeStream writes m into the table with outcome s, trying again while
-// ctx lasts; it reports whether it was written.
-func (r *Relay) storeStream(ctx context.Context, m *outboxdriver.StreamMessage, s outboxdriver.Settlement) bool {
-	q, args := r.stream.s.StoreSQL(r.ob.table, m, s)
+// storeStream writes m into the table with outcome s (handled false: no
+// handler ran), trying again while ctx lasts; it reports whether it was
+// written.
+func (r *Relay) storeStream(ctx context.Context, m *outboxdriver.StreamMessage, s outboxdriver.Settlement, handled bool) bool {
+	if !handled {
+		s = outboxdriver.Settlement{}
+	}
+	q, args := r.stream.s.StoreSQL(r.ob.table, m, s, r.halts(m.Topic))
+	return r.writeStream(ctx, m, q, args, nil)
+}
+
+// writeStream runs statement q for stream message m, trying again while
+// ctx lasts, and scans its one boolean into into when into is not nil; it
+// reports whether the statement ran.
+func (r *Relay) writeStream(ctx context.Context, m *outboxdriver.StreamMessage, q string, args []any, into *bool) bool {
 	for attempt := 1; ; attempt++ {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommandTimeout)
-		rows, err := r.db.QueryDB(wctx, q, args...)
-		if err == nil {
-			err = rows.Close()
-		}
+		err := r.queryStream(wctx, q, args, into)
 		cancel()
 		if err == nil {
 			return true
@@ -224,6 +317,27 @@ func (r *Relay) storeStream(ctx context.Context, m *outboxdriver.StreamMessage, 
 		case <-time.After(r.retry.Delay(attempt)):
 		}
 	}
+}
+
+func (r *Relay) queryStream(ctx context.Context, q string, args []any, into *bool) error {
+	rows, err := r.db.QueryDB(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	if into != nil {
+		if !rows.Next() {
+			_ = rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			return errors.New("outbox: the stream's queue statement returned no row")
+		}
+		if err := rows.Scan(into); err != nil {
+			_ = rows.Close()
+			return err
+		}
+	}
+	return rows.Close()
 }
 
 // cancelStreamHandlers cancels the running handlers of stream messages.

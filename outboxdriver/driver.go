@@ -35,6 +35,15 @@ type Dialect interface {
 	Classify(err error) error
 }
 
+// RowChecker is implemented by a [Dialect] that cannot store some rows
+// the outbox otherwise accepts (PostgreSQL's WAL transport and an ordered
+// message with a DedupKey or a delay). Publish calls CheckRow on every row
+// before any SQL is sent; a non-empty reason refuses the batch with an
+// error naming field (a field of the outbox's Message) and reason.
+type RowChecker interface {
+	CheckRow(r *Row) (field, reason string)
+}
+
 // Wake is the wake-up notification a publish statement sends.
 type Wake struct {
 	// Send is true when the statement notifies.

@@ -37,7 +37,20 @@ type Streamer interface {
 	// attempt; any other kind (a message no handler took) is pending with
 	// no attempt, due now. A row with m's id already stored is left as it
 	// is (the message was read again after a restart).
-	StoreSQL(t Table, m *StreamMessage, s Settlement) (query string, args []any)
+	//
+	// An ordered message (m.Ordered) enters its key's sequence: as the
+	// key's head when the key has no live message in the table, else
+	// blocked behind them. Dead under halt, it halts its key as a dead
+	// head does; dead otherwise, it lets the key go on.
+	StoreSQL(t Table, m *StreamMessage, s Settlement, halt bool) (query string, args []any)
+
+	// QueueSQL returns the one statement that stores ordered message m
+	// in table t when its key has messages there (blocked behind the live
+	// ones, or the key's head when it has only dead ones), and nothing when
+	// it has none (the reader may then deliver m). It returns one row of
+	// one boolean: whether m is in the table now (stored by it, or before
+	// it by an earlier reader).
+	QueueSQL(t Table, m *StreamMessage) (query string, args []any)
 }
 
 // Stream is an open stream of messages; Next is called from one
@@ -75,6 +88,10 @@ type StreamMessage struct {
 	Payload   []byte // nil means NULL
 	Headers   []byte // JSON object, nil means none
 	CreatedAt time.Time
+	// Ordered is true when the message is delivered in order within Key:
+	// one at a time, in commit order, behind the key's messages in the
+	// table.
+	Ordered bool
 	// Pos is the stream's position of the message's transaction, for
 	// Settled.
 	Pos uint64

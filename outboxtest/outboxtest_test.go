@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,7 +182,15 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st, err := ob.PublishSQL(dedup(want)); err != nil || (len(publishsql.Of(st).Sequence) != 0) != cfg.OrderByKey {
+			// The WAL transport refuses an ordered message that needs the
+			// table (a DedupKey, a NotBefore): its key's order would not hold.
+			tableOnly := dc.name == "wal" && cfg.OrderByKey
+			if tableOnly {
+				var me *outbox.MessageError
+				if _, err := ob.PublishSQL(dedup(want)); !errors.As(err, &me) {
+					t.Fatalf("WAL, ordered, DedupKey: %v, want a MessageError", err)
+				}
+			} else if st, err := ob.PublishSQL(dedup(want)); err != nil || (len(publishsql.Of(st).Sequence) != 0) != cfg.OrderByKey {
 				t.Fatalf("OrderByKey %v: Sequence %q, %v", cfg.OrderByKey, publishsql.Of(st).Sequence, err)
 			}
 			expected := at(want, time.Now().Add(time.Hour))
@@ -205,6 +214,9 @@ func TestExpectPublishIgnoresIdsAndBytes(t *testing.T) {
 				{"batch, other order", []outbox.Message{want, other(func(m *outbox.Message) { m.Key = "B-1"; m.Payload = want.Payload })},
 					[]outbox.Message{other(func(m *outbox.Message) { m.Key = "B-1" }), sent}, false},
 			} {
+				if tableOnly && slices.ContainsFunc(tc.want, func(m outbox.Message) bool { return m.DedupKey != "" || !m.NotBefore.IsZero() }) {
+					continue
+				}
 				t.Run(fmt.Sprintf("%s/%s/notify%d/ordered=%v/%s", mt.name, dc.name, cfg.Notify, cfg.OrderByKey, tc.name), func(t *testing.T) {
 					db, mock := newMock(t, mt.opt)
 					mock.ExpectBegin()

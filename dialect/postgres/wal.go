@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/oncommit/oncommit/internal/pgwal"
+	"github.com/oncommit/oncommit/internal/sqlbuild"
 	"github.com/oncommit/oncommit/internal/walenv"
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -56,12 +57,16 @@ type WALConfig struct {
 // (pg_logical_emit_message) in the caller's transaction, a batch in one
 // statement, instead of a row; the relay reads them from a logical
 // replication slot in commit order and writes nothing when a handler
-// succeeds. A message with a DedupKey, a Delay or a NotBefore, or ordered
-// by key (Config.OrderByKey), is stored in the table as with [Dialect], and
-// so is every message of a batch that holds one. A message whose handler
-// fails is written into the table with its outcome, and is retried, dead
-// lettered, inspected and redriven there as any other. The table and
-// its migrations stay: run them, then [SetupWAL].
+// succeeds. A message with a DedupKey, a Delay or a NotBefore is stored in
+// the table as with [Dialect], and so is every message of a batch that
+// holds one; an ordered message (Config.OrderByKey and a Key) with one of
+// those is refused with a MessageError, as its key's order could not hold
+// across the two paths. A message whose handler fails is written into the
+// table with its outcome, and is retried, dead lettered, inspected and
+// redriven there as any other; an ordered one becomes its key's head
+// there, and the key's later messages queue behind it in the table until
+// it is settled. The table and its migrations stay: run them, then
+// [SetupWAL].
 //
 // The server needs wal_level = logical. One relay at a time reads the
 // slot; the others claim from the table and wait to take the slot over.
@@ -135,9 +140,23 @@ type walDialect struct {
 func walPrefix(t outboxdriver.Table) string { return "oncommit:" + t.String() }
 
 // walRow reports whether r travels through the WAL: the table's features
-// (dedup, scheduling, ordering) are not needed for it.
+// (dedup, scheduling) are not needed for it.
 func walRow(r *outboxdriver.Row) bool {
-	return !r.Ordered && r.DedupKey == "" && r.Delay <= 0 && r.NotBefore.IsZero()
+	return r.DedupKey == "" && r.Delay <= 0 && r.NotBefore.IsZero()
+}
+
+// CheckRow refuses an ordered message with a DedupKey or a delay: it would
+// be stored in the table while its key's other messages travel the WAL,
+// and the two would not keep their commit order.
+func (d *walDialect) CheckRow(r *outboxdriver.Row) (field, reason string) {
+	if !r.Ordered || walRow(r) {
+		return "", ""
+	}
+	field = "DedupKey"
+	if r.DedupKey == "" {
+		field = "Delay"
+	}
+	return field, "the WAL transport orders a key's messages by commit; an ordered message (OrderByKey and a Key) cannot have a DedupKey, a Delay or a NotBefore"
 }
 
 // Insert emits rows as logical decoding messages, in one statement:
@@ -157,7 +176,7 @@ func (d *walDialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake 
 	args[0] = walPrefix(t)
 	for i := range rows {
 		r := &rows[i]
-		args = append(args, walenv.Append(nil, walenv.Envelope{ID: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload, Headers: r.Headers}))
+		args = append(args, walenv.Append(nil, walenv.Envelope{ID: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload, Headers: r.Headers, Ordered: r.Ordered}))
 	}
 	return pgwal.EmitSQL(len(rows)), args
 }
@@ -185,14 +204,71 @@ func (d *walDialect) OpenStream(ctx context.Context, t outboxdriver.Table) (outb
 func storeWAL(tbl string) string {
 	return `INSERT INTO ` + tbl + ` (id, topic, message_key, payload, headers, state, attempts, available_at, created_at, settled_at, last_error)
 VALUES ($1::uuid, $2, NULLIF($3, ''), $4::jsonb, $5::jsonb, $6, $7,
-        CASE WHEN $8::timestamptz IS NOT NULL THEN greatest(now(), $8::timestamptz) ELSE now() + make_interval(secs => $9::float8) END,
+        ` + storeAt + `,
         $10::timestamptz, CASE WHEN $6 = 'dead' THEN now() END, NULLIF($11, ''))
 ON CONFLICT (id) DO NOTHING`
 }
 
+// storeAt is when a stored stream message is due: $8 a retry's time, else
+// $9 its delay in seconds.
+const storeAt = `CASE WHEN $8::timestamptz IS NOT NULL THEN greatest(now(), $8::timestamptz) ELSE now() + make_interval(secs => $9::float8) END`
+
+// storeOrderedWAL writes an ordered stream message into the table, with
+// StoreSQL's arguments and $12 halt: a message of a key with no live
+// message takes its outcome's state ($6) and becomes the key's head; one
+// of a key with live messages (a redrive came first) is blocked behind
+// them, its attempt counted. The key row counts it live unless it is dead
+// under continue at the head; dead under halt, it is the key's halted
+// head (settled_at NULL, halted_seq). A message already stored changes
+// nothing.
+func storeOrderedWAL(t outboxdriver.Table) string {
+	return `WITH present AS MATERIALIZED (SELECT 1 FROM ` + quoteTable(t) + ` WHERE id = $1::uuid),
+k AS (
+    INSERT INTO ` + keysTable(t) + ` AS ks (message_key, last_seq, live, halted_seq)
+    SELECT $3, 1, CASE WHEN $6 = 'dead' AND NOT $12::boolean THEN 0 ELSE 1 END, CASE WHEN $6 = 'dead' AND $12::boolean THEN 1 END
+    WHERE NOT EXISTS (SELECT 1 FROM present)
+    ON CONFLICT (message_key) DO UPDATE SET
+        last_seq   = ks.last_seq + 1,
+        live       = ks.live + CASE WHEN ks.live = 0 AND excluded.live = 0 THEN 0 ELSE 1 END,
+        halted_seq = CASE WHEN ks.live = 0 AND excluded.halted_seq IS NOT NULL THEN ks.last_seq + 1 ELSE ks.halted_seq END
+    RETURNING ks.last_seq, ks.live, ks.live > CASE WHEN $6 = 'dead' AND NOT $12::boolean THEN 0 ELSE 1 END AS behind)
+INSERT INTO ` + quoteTable(t) + ` (id, topic, message_key, payload, headers, state, attempts, available_at, created_at, settled_at, last_error, key_seq)
+SELECT $1::uuid, $2, $3, $4::jsonb, $5::jsonb, CASE WHEN k.behind THEN 'blocked' ELSE $6 END, $7,
+    ` + storeAt + `,
+    $10::timestamptz, CASE WHEN $6 = 'dead' AND NOT $12::boolean AND NOT k.behind THEN now() END, NULLIF($11, ''), k.last_seq
+FROM k`
+}
+
+// queueWAL stores an ordered stream message in the table when its key
+// has messages there, live or dead; see QueueSQL. Its arguments are
+// StoreSQL's first five and $6 the commit time. The message is blocked
+// behind the key's live messages, or the key's head when it has only dead
+// ones (under ContinueKey: a redrive of one then finds the key's later
+// messages in the table, where it takes its place before them). The key
+// row's lock orders it with settles: one that empties the key first
+// leaves live 0.
+func queueWAL(t outboxdriver.Table) string {
+	tbl := quoteTable(t)
+	return `WITH present AS MATERIALIZED (SELECT 1 FROM ` + tbl + ` WHERE id = $1::uuid),
+k AS (
+    UPDATE ` + keysTable(t) + ` AS ks SET last_seq = ks.last_seq + 1, live = ks.live + 1
+    WHERE ks.message_key = $3 AND NOT EXISTS (SELECT 1 FROM present)
+      AND (ks.live > 0 OR EXISTS (SELECT 1 FROM ` + tbl + ` o WHERE o.message_key = $3 AND o.key_seq IS NOT NULL AND o.state = 'dead'))
+    RETURNING ks.last_seq, ks.live),
+ins AS (
+    INSERT INTO ` + tbl + ` (id, topic, message_key, payload, headers, state, available_at, created_at, key_seq)
+    SELECT $1::uuid, $2, $3, $4::jsonb, $5::jsonb, CASE WHEN k.live > 1 THEN 'blocked' ELSE 'pending' END, now(), $6::timestamptz, k.last_seq FROM k
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM present) OR EXISTS (SELECT 1 FROM ins)`
+}
+
+var walTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) [3]string {
+	return [3]string{storeWAL(quoteTable(t)), storeOrderedWAL(t), queueWAL(t)}
+})
+
 // StoreSQL writes stream message m into table t with outcome s, one
 // statement; a row with m's id is left as it is.
-func (d *walDialect) StoreSQL(t outboxdriver.Table, m *outboxdriver.StreamMessage, s outboxdriver.Settlement) (string, []any) {
+func (d *walDialect) StoreSQL(t outboxdriver.Table, m *outboxdriver.StreamMessage, s outboxdriver.Settlement, halt bool) (string, []any) {
 	state, attempts := "pending", 1
 	switch s.Kind {
 	case outboxdriver.SettleDead:
@@ -205,14 +281,31 @@ func (d *walDialect) StoreSQL(t outboxdriver.Table, m *outboxdriver.StreamMessag
 	if !s.At.IsZero() {
 		at = s.At
 	}
-	var payload, headers any
+	payload, headers := walJSON(m)
+	args := []any{m.ID.String(), m.Topic, m.Key, payload, headers, state, attempts, at, s.Delay.Seconds(), m.CreatedAt, s.Error}
+	texts := walTexts.Get(t)
+	if m.Ordered {
+		return texts[1], append(args, halt)
+	}
+	return texts[0], args
+}
+
+// QueueSQL stores ordered stream message m behind its key's live messages
+// in table t, if it has some; see outboxdriver.Streamer.
+func (d *walDialect) QueueSQL(t outboxdriver.Table, m *outboxdriver.StreamMessage) (string, []any) {
+	payload, headers := walJSON(m)
+	return walTexts.Get(t)[2], []any{m.ID.String(), m.Topic, m.Key, payload, headers, m.CreatedAt}
+}
+
+// walJSON is m's payload and headers as statement arguments.
+func walJSON(m *outboxdriver.StreamMessage) (payload, headers any) {
 	if m.Payload != nil {
 		payload = string(m.Payload)
 	}
 	if m.Headers != nil {
 		headers = string(m.Headers)
 	}
-	return storeWAL(quoteTable(t)), []any{m.ID.String(), m.Topic, m.Key, payload, headers, state, attempts, at, s.Delay.Seconds(), m.CreatedAt, s.Error}
+	return payload, headers
 }
 
 // walStream is a slot reader as an outboxdriver.Stream.
@@ -228,7 +321,7 @@ func (s *walStream) Next(ctx context.Context) ([]outboxdriver.StreamMessage, err
 	out := make([]outboxdriver.StreamMessage, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
-		out[i] = outboxdriver.StreamMessage{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, CreatedAt: m.CommitTime, Pos: uint64(m.End)}
+		out[i] = outboxdriver.StreamMessage{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: m.Headers, CreatedAt: m.CommitTime, Ordered: m.Ordered && m.Key != "", Pos: uint64(m.End)}
 	}
 	return out, nil
 }
