@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -75,6 +76,27 @@ type Health struct {
 	ListenerConnects int
 	// Running handlers, at the time of the snapshot.
 	InFlight int
+	// Stream is the relay's reading of its dialect's message stream
+	// (PostgreSQL's WAL transport); zero without one.
+	Stream StreamHealth
+}
+
+// StreamHealth is a relay's reading of its dialect's message stream, in
+// [Health]. Its errors are not [Health.Err]'s: the relay goes on claiming
+// from the table while it tries the stream again.
+type StreamHealth struct {
+	// Reading is true while this relay reads the stream; one relay at a
+	// time does, the others stand by.
+	Reading bool
+	// Lag is how far the reading is behind, while Reading: the bytes the
+	// database keeps for the stream past its settled position, and when
+	// the oldest message read and not settled was committed.
+	Lag StreamLag
+	// ConsecutiveErrors counts the failed opens and reads of the stream
+	// since it was last opened (another relay reading it is none);
+	// LastError is the last of them.
+	ConsecutiveErrors int
+	LastError         error
 }
 
 // Err returns nil when the relay is running and claiming, else
@@ -157,5 +179,8 @@ func (r *Relay) Health() Health {
 	h := r.health.h
 	r.health.mu.Unlock()
 	h.InFlight = r.inflightCount()
+	if l, reading, err := r.StreamLag(context.Background()); reading && err == nil {
+		h.Stream.Lag = l
+	}
 	return h
 }

@@ -69,6 +69,7 @@ func (r *Relay) openStream(ctx context.Context) error {
 	case errors.Is(err, outboxdriver.ErrStreamBusy):
 		r.log.Info("outbox: another relay reads the message stream; this one claims from the table and stands by", "table", r.ob.table.String())
 	default:
+		r.streamHealth(err, false)
 		r.log.Warn("outbox: cannot open the message stream; trying again", "err", err)
 	}
 	return nil
@@ -89,6 +90,9 @@ func (r *Relay) streamLoop(ctx, hctx context.Context) {
 			st, err = r.stream.s.OpenStream(octx, r.ob.table)
 			cancel()
 			if err != nil {
+				if ctx.Err() == nil {
+					r.streamHealth(err, false)
+				}
 				switch {
 				case errors.Is(err, outboxdriver.ErrStreamBusy):
 					if !busyLogged {
@@ -106,9 +110,11 @@ func (r *Relay) streamLoop(ctx, hctx context.Context) {
 				continue
 			}
 			r.log.Info("outbox: reading the message stream", "table", r.ob.table.String())
-			busyLogged = false
 		}
+		busyLogged = false
+		r.streamHealth(nil, true)
 		err := r.readStream(ctx, hctx, st)
+		r.streamHealth(err, false)
 		if cerr := st.Close(ctx); cerr != nil && ctx.Err() == nil {
 			r.log.Warn("outbox: closing the message stream", "err", cerr)
 		}
@@ -126,6 +132,25 @@ func (r *Relay) streamLoop(ctx, hctx context.Context) {
 		case <-time.After(streamWait):
 		}
 	}
+}
+
+// streamHealth records, in the relay's Health, an open or the end of a
+// read (err nil for a read ended by shutdown) and whether the relay reads
+// the stream now; another relay reading it is no error.
+func (r *Relay) streamHealth(err error, reading bool) {
+	r.health.set(func(h *Health) {
+		h.Stream.Reading = reading
+		switch {
+		case reading:
+			h.Stream.ConsecutiveErrors, h.Stream.LastError = 0, nil
+		case err != nil && !errors.Is(err, outboxdriver.ErrStreamBusy):
+			h.Stream.ConsecutiveErrors++
+			h.Stream.LastError = err
+		}
+		if !reading {
+			h.Stream.Lag = StreamLag{}
+		}
+	})
 }
 
 // readStream delivers st's messages until ctx ends or st fails, then

@@ -16,6 +16,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/pgxtx"
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -372,5 +373,67 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 			t.Fatalf("timed out after %v waiting for %s", within, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Health reports the relay's reading of the slot: whether it reads it (a
+// relay standing by is no error), the lag while a message is in hand, and
+// a lost replication connection until the relay reads again.
+func TestWALStreamHealth(t *testing.T) {
+	e := newWALEnv(t)
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	newRelay := func(block bool) *outbox.Relay {
+		r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, ShutdownGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Handle("t", func(ctx context.Context, _ outbox.Delivery) error {
+			if block {
+				entered <- struct{}{}
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a := newRelay(true)
+	stopA := dialecttest.StartRelay(t, a)
+	waitFor(t, 10*time.Second, "relay a reads the slot", func() bool { return a.Health().Stream.Reading })
+	b := newRelay(false)
+	dialecttest.StartRelay(t, b)
+	time.Sleep(1500 * time.Millisecond) // b tried the slot at least once
+	if h := b.Health().Stream; h.Reading || h.ConsecutiveErrors != 0 {
+		t.Fatalf("the standby relay's stream health: %+v, want not reading and no error", h)
+	}
+
+	walDrivers()[0].publish(t, e, []outbox.Message{{Topic: "t"}}, true)
+	<-entered
+	if h := a.Health().Stream; !h.Reading || h.Lag.Oldest.IsZero() || h.Lag.Bytes <= 0 {
+		t.Fatalf("with a message in hand: %+v, want reading, a lag in bytes and the oldest message's time", h)
+	}
+	close(release)
+	waitFor(t, 10*time.Second, "the lag settled", func() bool { return a.Health().Stream.Lag.Oldest.IsZero() })
+
+	// The replication connection dies: counted, then cleared once a relay
+	// reads again.
+	if _, err := e.db.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.cfg.Slot); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the lost connection in relay a's health", func() bool {
+		h := a.Health().Stream
+		return !h.Reading && h.ConsecutiveErrors == 1 && h.LastError != nil
+	})
+	waitFor(t, 15*time.Second, "a relay reads the slot again", func() bool {
+		return a.Health().Stream.Reading || b.Health().Stream.Reading
+	})
+	stopA()
+	if h := a.Health().Stream; h.Reading {
+		t.Fatalf("a stopped relay reports %+v", h)
 	}
 }

@@ -36,12 +36,13 @@ func TestChaos(t *testing.T) {
 var walChaos = postgres.WALConfig{Slot: "chaos_wal", Publication: "chaos_wal"}
 
 // TestOrderedChaos runs the checker of ordered delivery
-// (chaostest.RunOrdered) on PostgreSQL through native pgx; under
-// OUTBOX_RELIABILITY=long the default run, then the long one (a relay
-// SIGKILLed every 200-800 ms) through pgx and lib/pq.
+// (chaostest.RunOrdered) on PostgreSQL through native pgx and with the
+// WAL transport; under OUTBOX_RELIABILITY=long the default run, then the
+// long one (a relay SIGKILLed every 200-800 ms) through pgx, the WAL
+// transport and lib/pq.
 func TestOrderedChaos(t *testing.T) {
 	for _, o := range chaostest.OrderedRuns() {
-		drivers := []string{"pgx"}
+		drivers := []string{"pgx", "wal"}
 		if o.Kill {
 			drivers = append(drivers, "libpq")
 		}
