@@ -154,9 +154,9 @@ func pgBin(t *testing.T) string {
 	return filepath.Dir(matches[len(matches)-1])
 }
 
-// startThrowaway initialises and starts a server on a free port, stopped
-// (immediately) when t ends.
-func startThrowaway(t *testing.T, bin string) *throwaway {
+// startThrowaway initialises and starts a server on a free port, with
+// settings conf ("name=value"), stopped (immediately) when t ends.
+func startThrowaway(t *testing.T, bin string, conf ...string) *throwaway {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "oncommit-crash-")
 	if err != nil {
@@ -177,6 +177,9 @@ func startThrowaway(t *testing.T, bin string) *throwaway {
 	s := &throwaway{bin: bin, dir: dir,
 		opts: fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on", port, dir),
 		url:  "postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable"}
+	for _, c := range conf {
+		s.opts += " -c " + c
+	}
 	s.run(t, "initdb", "-D", filepath.Join(dir, "data"), "-A", "trust", "-U", "postgres", "--no-sync")
 	s.ctl(t, "start", "-w", "-l", filepath.Join(dir, "log"), "-o", s.opts)
 	t.Cleanup(func() { _ = s.command("pg_ctl", "-D", filepath.Join(dir, "data"), "stop", "-m", "immediate").Run() })
