@@ -102,6 +102,9 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 			return nil, &ConfigError{Field: "AsyncCommit", Reason: "not with Config.OrderByKey: after a database crash a key's messages could be delivered again after later ones"}
 		}
 	}
+	if _, ok := o.d.(outboxdriver.Streamer); ok && cfg.KeepDelivered > 0 {
+		return nil, &ConfigError{Field: "KeepDelivered", Reason: "the " + o.d.Name() + " dialect's message stream (the WAL transport) writes no row for a delivered message, so there is none to keep; keep delivered messages with the table dialect"}
+	}
 	jitter := DefaultRetryJitter
 	if cfg.RetryJitter != nil {
 		jitter = *cfg.RetryJitter

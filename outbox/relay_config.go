@@ -106,8 +106,9 @@ type RelayConfig struct {
 	// [0, 1]. Defaults (nil) to DefaultRetryJitter (1, full jitter).
 	RetryJitter *float64
 
-	// DiscardDead deletes messages instead of dead-lettering them.
-	// Defaults to false.
+	// DiscardDead deletes messages instead of dead-lettering them (a
+	// message read from the WAL transport's slot is not written into the
+	// table when it dies). Defaults to false.
 	DiscardDead bool
 
 	// AsyncCommit commits the relay's claims and settles without waiting
@@ -118,7 +119,9 @@ type RelayConfig struct {
 	AsyncCommit bool
 
 	// KeepDelivered keeps delivered messages this long instead of deleting
-	// them (Forever: until purged by hand). Defaults to 0.
+	// them (Forever: until purged by hand). Defaults to 0. Not with a
+	// dialect that streams messages (PostgreSQL's WAL transport), which
+	// writes no row for a delivered message.
 	KeepDelivered time.Duration
 
 	// JanitorEvery is how often the relay purges delivered messages older

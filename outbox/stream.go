@@ -203,7 +203,8 @@ func (r *Relay) readStream(ctx, hctx context.Context, st outboxdriver.Stream) er
 			go func() {
 				defer mine.Done()
 				defer func() { <-sem }()
-				if s, ok := r.handleStream(sctx, m); s.Kind == outboxdriver.SettleDone || r.storeStream(ctx, m, s, ok) {
+				s, ok := r.handleStream(sctx, m)
+				if s.Kind == outboxdriver.SettleDone || (s.Kind == outboxdriver.SettleDead && r.cfg.DiscardDead) || r.storeStream(ctx, m, s, ok) {
 					st.Settled(m)
 				}
 			}()

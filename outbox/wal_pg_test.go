@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,66 +73,79 @@ func newWALEnv(t *testing.T) *walEnv {
 	return e
 }
 
-// walDriver publishes in a business transaction of one driver.
+// walDriver opens business transactions of one driver.
 type walDriver struct {
-	name    string
-	publish func(t *testing.T, e *walEnv, msgs []outbox.Message, commit bool) []outbox.Result
+	name  string
+	begin func(t *testing.T, e *walEnv) walTx
+}
+
+// walTx is an open business transaction.
+type walTx struct {
+	tx               outbox.Tx
+	exec             func(q string) error
+	commit, rollback func() error
+}
+
+// publish publishes msgs in a transaction of d and commits it, or rolls
+// it back.
+func (d walDriver) publish(t *testing.T, e *walEnv, msgs []outbox.Message, commit bool) []outbox.Result {
+	t.Helper()
+	x := d.begin(t, e)
+	res, err := e.ob.PublishBatch(context.Background(), x.tx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if commit {
+		err = x.commit()
+	} else {
+		err = x.rollback()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
 
 func walDrivers() []walDriver {
-	onSQL := func(driver string) func(t *testing.T, e *walEnv, msgs []outbox.Message, commit bool) []outbox.Result {
-		return func(t *testing.T, e *walEnv, msgs []outbox.Message, commit bool) []outbox.Result {
+	onSQL := func(driver string) func(t *testing.T, e *walEnv) walTx {
+		return func(t *testing.T, e *walEnv) walTx {
 			t.Helper()
 			db, err := sql.Open(driver, e.url)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer db.Close()
+			t.Cleanup(func() { db.Close() })
 			tx, err := db.Begin()
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := e.ob.PublishBatch(context.Background(), sqltx.From(tx), msgs)
-			if err != nil {
-				t.Fatal(err)
+			t.Cleanup(func() { _ = tx.Rollback() })
+			end := func(f func() error) func() error {
+				return func() error { err := f(); db.Close(); return err }
 			}
-			if commit {
-				err = tx.Commit()
-			} else {
-				err = tx.Rollback()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
+			return walTx{tx: sqltx.From(tx), exec: func(q string) error { _, err := tx.Exec(q); return err },
+				commit: end(tx.Commit), rollback: end(tx.Rollback)}
 		}
 	}
 	return []walDriver{
-		{"pgx", func(t *testing.T, e *walEnv, msgs []outbox.Message, commit bool) []outbox.Result {
+		{"pgx", func(t *testing.T, e *walEnv) walTx {
 			t.Helper()
 			ctx := context.Background()
 			pool, err := pgxpool.New(ctx, e.url)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer pool.Close()
+			t.Cleanup(pool.Close)
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := e.ob.PublishBatch(ctx, pgxtx.From(tx), msgs)
-			if err != nil {
-				t.Fatal(err)
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			end := func(f func(context.Context) error) func() error {
+				return func() error { err := f(ctx); pool.Close(); return err }
 			}
-			if commit {
-				err = tx.Commit(ctx)
-			} else {
-				err = tx.Rollback(ctx)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
+			return walTx{tx: pgxtx.From(tx), exec: func(q string) error { _, err := tx.Exec(ctx, q); return err },
+				commit: end(tx.Commit), rollback: end(tx.Rollback)}
 		}},
 		{"pgxstdlib", onSQL("pgx")},
 		{"libpq", onSQL("postgres")},
@@ -266,6 +280,35 @@ func TestWALDeadAndUnhandled(t *testing.T) {
 	cancel()
 	if err := <-ran; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With DiscardDead a message that dies from the slot is not written into
+// the table; KeepDelivered is refused, as no row is written for a
+// delivered message.
+func TestWALDiscardDeadKeepDelivered(t *testing.T) {
+	e := newWALEnv(t)
+	var ce *outbox.ConfigError
+	if _, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{KeepDelivered: time.Hour}); !errors.As(err, &ce) || ce.Field != "KeepDelivered" {
+		t.Fatalf("KeepDelivered with the WAL transport: %v, want a ConfigError", err)
+	}
+	r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{MaxAttempts: 1, DiscardDead: true, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	if err := r.Handle("t", func(context.Context, outbox.Delivery) error { ran.Add(1); return errors.New("always") }); err != nil {
+		t.Fatal(err)
+	}
+	dialecttest.StartRelay(t, r)
+	walDrivers()[0].publish(t, e, []outbox.Message{{Topic: "t"}, {Topic: "t"}}, true)
+	waitFor(t, 20*time.Second, "both messages handled", func() bool { return ran.Load() == 2 })
+	waitFor(t, 10*time.Second, "the slot moved past them", func() bool {
+		l, reading, err := r.StreamLag(context.Background())
+		return err == nil && reading && l.Oldest.IsZero()
+	})
+	if n := e.count(t, ""); n != 0 {
+		t.Fatalf("the table holds %d rows, want none (discarded)", n)
 	}
 }
 
@@ -436,4 +479,172 @@ func TestWALStreamHealth(t *testing.T) {
 	if h := a.Health().Stream; h.Reading {
 		t.Fatalf("a stopped relay reports %+v", h)
 	}
+}
+
+// countingHook counts publish calls.
+type countingHook struct{ ends atomic.Int32 }
+
+func (*countingHook) PublishStart(ctx context.Context, _ *outbox.Message) context.Context { return ctx }
+func (h *countingHook) PublishEnd(context.Context, outbox.PublishEvent)                   { h.ends.Add(1) }
+
+// The promises of the relay and of Publish that hold on the WAL
+// transport as on the table, on every driver: a publish rolled back to a
+// savepoint, or in a transaction that failed, is never delivered while the
+// rest of the transaction is; middleware, the observer, the publish hook
+// and the catch-all see stream messages; a batch handler's topic is
+// delivered from the table; a message whose handler was running when its
+// relay stopped is delivered by the next one.
+func TestWALConformance(t *testing.T) {
+	for _, d := range walDrivers() {
+		t.Run(d.name, func(t *testing.T) {
+			t.Run("RolledBack", func(t *testing.T) {
+				e := newWALEnv(t)
+				var mu sync.Mutex
+				got := map[outbox.ID]bool{}
+				r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Handle("t", func(_ context.Context, dl outbox.Delivery) error {
+					mu.Lock()
+					got[dl.ID] = true
+					mu.Unlock()
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				dialecttest.StartRelay(t, r)
+				ctx := context.Background()
+				x := d.begin(t, e)
+				kept, err := e.ob.Publish(ctx, x.tx, outbox.Message{Topic: "t", Key: "kept"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := x.exec(`SAVEPOINT s`); err != nil {
+					t.Fatal(err)
+				}
+				undone, err := e.ob.Publish(ctx, x.tx, outbox.Message{Topic: "t", Key: "rolled back to the savepoint"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := x.exec(`ROLLBACK TO SAVEPOINT s`); err != nil {
+					t.Fatal(err)
+				}
+				if err := x.commit(); err != nil {
+					t.Fatal(err)
+				}
+				y := d.begin(t, e)
+				failed, err := e.ob.Publish(ctx, y.tx, outbox.Message{Topic: "t", Key: "failed transaction"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := y.exec(`SELECT 1/0`); err == nil {
+					t.Fatal("1/0 did not fail")
+				}
+				_ = y.commit() // refused or rolled back: the transaction failed
+				last := d.publish(t, e, []outbox.Message{{Topic: "t", Key: "last"}}, true)
+				waitFor(t, 20*time.Second, "the committed messages delivered", func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					return got[kept.ID] && got[last[0].ID]
+				})
+				mu.Lock()
+				defer mu.Unlock()
+				if got[undone.ID] || got[failed.ID] {
+					t.Fatalf("delivered a message rolled back (savepoint %v, failed transaction %v)", got[undone.ID], got[failed.ID])
+				}
+			})
+
+			t.Run("HooksAndHandlers", func(t *testing.T) {
+				e := newWALEnv(t)
+				hook := &countingHook{}
+				dl, err := postgres.WALDialect(e.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if e.ob, err = outbox.New(dl, outbox.Config{Table: e.table, Hook: hook}); err != nil {
+					t.Fatal(err)
+				}
+				obs := &countingObserver{outcomes: map[outbox.Outcome]int{}}
+				var wrapped, all, batched atomic.Int32
+				mw := func(next outbox.Handler) outbox.Handler {
+					return func(ctx context.Context, d outbox.Delivery) error { wrapped.Add(1); return next(ctx, d) }
+				}
+				r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, Observer: obs,
+					Middleware: []outbox.Middleware{mw}, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Handle(outbox.AllTopics, func(context.Context, outbox.Delivery) error { all.Add(1); return nil }); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.HandleBatch("b", func(_ context.Context, ds []outbox.Delivery) []error {
+					batched.Add(int32(len(ds)))
+					return make([]error, len(ds))
+				}); err != nil {
+					t.Fatal(err)
+				}
+				dialecttest.StartRelay(t, r)
+				d.publish(t, e, []outbox.Message{{Topic: "x"}, {Topic: "y"}, {Topic: "b"}}, true)
+				waitFor(t, 20*time.Second, "the catch-all's two and the batch handler's one", func() bool {
+					return all.Load() == 2 && batched.Load() == 1
+				})
+				waitFor(t, 10*time.Second, "the batch topic's row settled", func() bool { return e.count(t, "") == 0 })
+				obs.mu.Lock()
+				defer obs.mu.Unlock()
+				if hook.ends.Load() != 1 || wrapped.Load() < 2 || obs.starts < 2 || obs.ends < 2 {
+					t.Fatalf("publish hook %d, middleware %d, observer %d/%d; want 1 and at least 2", hook.ends.Load(), wrapped.Load(), obs.starts, obs.ends)
+				}
+			})
+
+			t.Run("StoppedWithMessageInHand", func(t *testing.T) {
+				e := newWALEnv(t)
+				entered := make(chan struct{}, 1)
+				var mu sync.Mutex
+				by := map[string]int{}
+				start := func(name string, block bool) (stop func()) {
+					r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, ShutdownGrace: 200 * time.Millisecond,
+						RetryBase: 10 * time.Millisecond, RetryCap: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := r.Handle("t", func(ctx context.Context, _ outbox.Delivery) error {
+						if block {
+							entered <- struct{}{}
+							<-ctx.Done()
+							return ctx.Err()
+						}
+						mu.Lock()
+						by[name]++
+						mu.Unlock()
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
+					return dialecttest.StartRelay(t, r)
+				}
+				stopA := start("a", true)
+				waitFor(t, 10*time.Second, "relay a reads the slot", func() bool { return e.slotActive(t) })
+				d.publish(t, e, []outbox.Message{{Topic: "t"}}, true)
+				<-entered
+				stopA()
+				start("b", false)
+				waitFor(t, 20*time.Second, "the message delivered by relay b", func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					return by["b"] == 1
+				})
+			})
+		})
+	}
+}
+
+// slotActive reports whether a relay reads e's slot.
+func (e *walEnv) slotActive(t *testing.T) bool {
+	t.Helper()
+	var active bool
+	if err := e.db.QueryRow(`SELECT active FROM pg_replication_slots WHERE slot_name = $1`, e.cfg.Slot).Scan(&active); err != nil {
+		t.Fatal(err)
+	}
+	return active
 }
