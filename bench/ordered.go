@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -171,10 +172,21 @@ func b2i(b bool) int {
 // orderedTable is table with Config.OrderByKey set as asked.
 func orderedTable(ctx context.Context, pool *pgxpool.Pool, name string, ordered bool) *outbox.Outbox {
 	base := table(ctx, pool, name)
-	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: base.Table().String(), OrderByKey: ordered})
+	d := postgres.Dialect()
+	if *orderedWAL {
+		cfg := postgres.WALConfig{ConnString: *url, Slot: "bench_owal", Publication: "bench_owal"}
+		resetWAL(ctx, cfg)
+		var err error
+		d, err = postgres.WALDialect(cfg)
+		check(err)
+	}
+	ob, err := outbox.New(d, outbox.Config{Table: base.Table().String(), OrderByKey: ordered})
 	check(err)
 	return ob
 }
+
+// orderedWAL runs the ordered scenarios on the WAL transport, both sides.
+var orderedWAL = flag.Bool("ordered-wal", false, "ordered: both sides on the WAL transport (postgres.WALDialect); -url must reach a server with wal_level = logical")
 
 // fillKeys publishes per messages for each of keys keys, topic "bench", in
 // transactions of 1,000: message j of every key before message j+1 of any.

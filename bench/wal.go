@@ -25,19 +25,7 @@ func walSystem(ctx context.Context) *system {
 	cfg := postgres.WALConfig{ConnString: *url, Slot: "bench_wal", Publication: "bench_wal"}
 	d, err := postgres.WALDialect(cfg)
 	check(err)
-	resetSlot := func(ctx context.Context) {
-		for i := 0; ; i++ { // a relay just stopped: the server frees its slot shortly after
-			err := postgres.DropWAL(ctx, cfg)
-			if err == nil {
-				break
-			}
-			if i == 100 {
-				check(errors.Join(errors.New("bench: cannot drop the WAL slot"), err))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		check(postgres.SetupWAL(ctx, cfg))
-	}
+	resetSlot := func(ctx context.Context) { resetWAL(ctx, cfg) }
 	resetSlot(ctx)
 	s := oncommitSystemOn(ctx, d, "oncommit-wal", "defaults with postgres.WALDialect: each message a transactional logical decoding message; one relay reads the slot (pgoutput), writes nothing on success", outbox.Config{}, outbox.RelayConfig{})
 	truncate := s.reset
@@ -46,6 +34,22 @@ func walSystem(ctx context.Context) *system {
 		resetSlot(ctx)
 	}
 	return s
+}
+
+// resetWAL drops the slot and publication of cfg and makes them again:
+// nothing published before is read.
+func resetWAL(ctx context.Context, cfg postgres.WALConfig) {
+	for i := 0; ; i++ { // a relay just stopped: the server frees its slot shortly after
+		err := postgres.DropWAL(ctx, cfg)
+		if err == nil {
+			break
+		}
+		if i == 100 {
+			check(errors.Join(errors.New("bench: cannot drop the WAL slot"), err))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	check(postgres.SetupWAL(ctx, cfg))
 }
 
 var walBytesN = flag.Int("wal-bytes-n", 5000, "compare: messages of the wal-bytes scenario")

@@ -154,57 +154,66 @@ func (r *Relay) streamHealth(err error, reading bool) {
 }
 
 // readStream delivers st's messages until ctx ends or st fails, then
-// waits for the handlers it started.
+// waits for the handlers it started. When st fails, its handlers'
+// contexts are cancelled and nothing more is written for its messages:
+// another relay may take the stream over and read them again.
 func (r *Relay) readStream(ctx, hctx context.Context, st outboxdriver.Stream) error {
 	sctx, cancel := context.WithCancel(hctx)
 	defer cancel()
 	r.stream.mu.Lock()
 	r.stream.cur, r.stream.cancel = st, cancel
 	r.stream.mu.Unlock()
-	// A slot per handler running: the stream's handlers have Concurrency
-	// slots of their own, beside the claims'. ahead bounds the ordered
-	// messages read and waiting behind their key's.
-	sem := make(chan struct{}, r.cfg.Concurrency)
-	ahead := make(chan struct{}, max(r.cfg.BatchSize, r.cfg.Concurrency))
-	lines := &keyLines{m: map[string][]*outboxdriver.StreamMessage{}}
+	rd := &streamRead{st: st, lost: make(chan struct{}),
+		// A slot per handler running: the stream's handlers have
+		// Concurrency slots of their own, beside the claims'. ahead bounds
+		// the ordered messages read and waiting behind their key's.
+		sem:   make(chan struct{}, r.cfg.Concurrency),
+		ahead: make(chan struct{}, max(r.cfg.BatchSize, r.cfg.Concurrency)),
+		lines: map[string][]*outboxdriver.StreamMessage{},
+	}
 	var mine sync.WaitGroup
 	defer mine.Wait()
+	if err := r.loadTableKeys(ctx, rd); err != nil {
+		return err
+	}
 	for {
 		msgs, err := st.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
+			close(rd.lost)
+			cancel()
 			return err
 		}
 		for i := range msgs {
 			m := &msgs[i]
 			if m.Ordered {
 				select {
-				case ahead <- struct{}{}:
+				case rd.ahead <- struct{}{}:
 				case <-ctx.Done():
 					return nil
 				}
-				if lines.add(m) {
+				if rd.add(m) {
 					mine.Add(1)
 					go func() {
 						defer mine.Done()
-						r.runKeyLine(ctx, sctx, st, sem, ahead, lines, m)
+						r.runKeyLine(ctx, sctx, rd, m)
 					}()
 				}
 				continue
 			}
 			select {
-			case sem <- struct{}{}:
+			case rd.sem <- struct{}{}:
 			case <-ctx.Done():
 				return nil // stopping: the rest is read again by the next reader
 			}
 			mine.Add(1)
 			go func() {
 				defer mine.Done()
-				defer func() { <-sem }()
+				defer func() { <-rd.sem }()
 				s, ok := r.handleStream(sctx, m)
-				if s.Kind == outboxdriver.SettleDone || (s.Kind == outboxdriver.SettleDead && r.cfg.DiscardDead) || r.storeStream(ctx, m, s, ok) {
+				if s.Kind == outboxdriver.SettleDone || (s.Kind == outboxdriver.SettleDead && r.cfg.DiscardDead) || r.storeStream(ctx, rd, m, s, ok) {
 					st.Settled(m)
 				}
 			}()
@@ -212,75 +221,153 @@ func (r *Relay) readStream(ctx, hctx context.Context, st outboxdriver.Stream) er
 	}
 }
 
-// keyLines holds, per key, the ordered stream messages read and waiting
-// for the one of their key in hand: one goroutine delivers a key's
-// messages, in commit order.
-type keyLines struct {
+// streamRead is one reading of a stream, from its opening to its end.
+type streamRead struct {
+	st outboxdriver.Stream
+	// lost is closed when the stream failed: its messages are no longer
+	// this relay's to settle.
+	lost       chan struct{}
+	sem, ahead chan struct{}
+
 	mu sync.Mutex
-	m  map[string][]*outboxdriver.StreamMessage
+	// lines holds, per key, the ordered messages read and waiting for the
+	// one of their key in hand: one goroutine delivers a key's messages,
+	// in commit order.
+	lines map[string][]*outboxdriver.StreamMessage
+	// inTable holds the keys that may have ordered messages in the table:
+	// those listed when the stream was opened, and those this reading has
+	// stored a message of since. A message of any other key is delivered
+	// without asking the table.
+	inTable map[string]bool
 }
 
 // add queues m behind its key's messages in hand, and reports whether
 // none was (the caller starts the key's line with m).
-func (l *keyLines) add(m *outboxdriver.StreamMessage) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	q, busy := l.m[m.Key]
-	l.m[m.Key] = append(q, m)
+func (rd *streamRead) add(m *outboxdriver.StreamMessage) bool {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	q, busy := rd.lines[m.Key]
+	rd.lines[m.Key] = append(q, m)
 	return !busy
 }
 
 // next drops m, the key's message in hand, and returns the key's next
 // one, nil (and the key forgotten) when none waits.
-func (l *keyLines) next(m *outboxdriver.StreamMessage) *outboxdriver.StreamMessage {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	q := l.m[m.Key][1:]
+func (rd *streamRead) next(m *outboxdriver.StreamMessage) *outboxdriver.StreamMessage {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	q := rd.lines[m.Key][1:]
 	if len(q) == 0 {
-		delete(l.m, m.Key)
+		delete(rd.lines, m.Key)
 		return nil
 	}
-	l.m[m.Key] = q
+	rd.lines[m.Key] = q
 	return q[0]
 }
 
-// runKeyLine delivers m and the messages of its key read after it, one at
-// a time. A message of a key with live messages in the table is stored
-// behind them; one of a key with none is delivered, and stored as the
-// key's head when its handler fails. A message not settled (the relay is
-// stopping) ends the line: the ones behind it are read again by the next
-// reader.
-func (r *Relay) runKeyLine(ctx, hctx context.Context, st outboxdriver.Stream, sem, ahead chan struct{}, lines *keyLines, m *outboxdriver.StreamMessage) {
-	for ; m != nil; m = lines.next(m) {
-		if !r.deliverOrderedStream(ctx, hctx, st, sem, m) {
-			return
-		}
-		<-ahead
+// mayBeInTable reports whether key may have messages in the table;
+// setInTable records that it may, or that it has none.
+func (rd *streamRead) mayBeInTable(key string) bool {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	return rd.inTable[key]
+}
+
+func (rd *streamRead) setInTable(key string, may bool) {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	if may {
+		rd.inTable[key] = true
+	} else {
+		delete(rd.inTable, key)
 	}
 }
 
-// deliverOrderedStream settles ordered message m: stored behind its key's
-// live messages in the table, or delivered (and stored on failure). It
-// reports false when m could not be settled before ctx ended.
-func (r *Relay) deliverOrderedStream(ctx, hctx context.Context, st outboxdriver.Stream, sem chan struct{}, m *outboxdriver.StreamMessage) bool {
-	q, args := r.stream.s.QueueSQL(r.ob.table, m)
-	var queued bool
-	if !r.writeStream(ctx, m, q, args, &queued) {
+// isLost reports whether the stream failed.
+func (rd *streamRead) isLost() bool {
+	select {
+	case <-rd.lost:
+		return true
+	default:
 		return false
 	}
-	if !queued {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
+}
+
+// loadTableKeys lists, into rd, the keys with ordered messages in the
+// table.
+func (r *Relay) loadTableKeys(ctx context.Context, rd *streamRead) error {
+	rd.inTable = map[string]bool{}
+	if !r.ob.cfg.OrderByKey {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	rows, err := r.db.QueryDB(qctx, r.stream.s.TableKeysSQL(r.ob.table))
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		rd.inTable[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		_ = rows.Close()
+		return err
+	}
+	return rows.Close()
+}
+
+// runKeyLine delivers m and the messages of its key read after it, one at
+// a time. A message not settled (the relay is stopping, or the stream
+// failed) ends the line: the ones behind it are read again by the next
+// reader.
+func (r *Relay) runKeyLine(ctx, hctx context.Context, rd *streamRead, m *outboxdriver.StreamMessage) {
+	for ; m != nil; m = rd.next(m) {
+		if !r.deliverOrderedStream(ctx, hctx, rd, m) {
+			return
+		}
+		<-rd.ahead
+	}
+}
+
+// deliverOrderedStream settles ordered message m. A message of a key
+// that may have messages in the table is stored behind them when it has
+// some; one of a key with none is delivered, and stored as the key's head
+// when its handler fails. It reports false when m could not be settled.
+func (r *Relay) deliverOrderedStream(ctx, hctx context.Context, rd *streamRead, m *outboxdriver.StreamMessage) bool {
+	if rd.isLost() {
+		return false
+	}
+	if rd.mayBeInTable(m.Key) {
+		q, args := r.stream.s.QueueSQL(r.ob.table, m)
+		var queued bool
+		if !r.writeStream(ctx, rd, m, q, args, &queued) {
 			return false
 		}
-		s, handled := r.handleStream(hctx, m)
-		<-sem
-		if s.Kind != outboxdriver.SettleDone && !r.storeStream(ctx, m, s, handled) {
+		if queued {
+			rd.st.Settled(m)
+			return true
+		}
+		rd.setInTable(m.Key, false)
+	}
+	select {
+	case rd.sem <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	s, handled := r.handleStream(hctx, m)
+	<-rd.sem
+	if s.Kind != outboxdriver.SettleDone {
+		rd.setInTable(m.Key, true)
+		if !r.storeStream(ctx, rd, m, s, handled) {
 			return false
 		}
 	}
-	st.Settled(m)
+	rd.st.Settled(m)
 	return true
 }
 
@@ -317,19 +404,22 @@ func (r *Relay) handleStream(hctx context.Context, m *outboxdriver.StreamMessage
 // storeStream writes m into the table with outcome s (handled false: no
 // handler ran), trying again while ctx lasts; it reports whether it was
 // written.
-func (r *Relay) storeStream(ctx context.Context, m *outboxdriver.StreamMessage, s outboxdriver.Settlement, handled bool) bool {
+func (r *Relay) storeStream(ctx context.Context, rd *streamRead, m *outboxdriver.StreamMessage, s outboxdriver.Settlement, handled bool) bool {
 	if !handled {
 		s = outboxdriver.Settlement{}
 	}
 	q, args := r.stream.s.StoreSQL(r.ob.table, m, s, r.halts(m.Topic))
-	return r.writeStream(ctx, m, q, args, nil)
+	return r.writeStream(ctx, rd, m, q, args, nil)
 }
 
 // writeStream runs statement q for stream message m, trying again while
-// ctx lasts, and scans its one boolean into into when into is not nil; it
-// reports whether the statement ran.
-func (r *Relay) writeStream(ctx context.Context, m *outboxdriver.StreamMessage, q string, args []any, into *bool) bool {
+// ctx lasts and the stream is not lost, and scans its one boolean into
+// into when into is not nil; it reports whether the statement ran.
+func (r *Relay) writeStream(ctx context.Context, rd *streamRead, m *outboxdriver.StreamMessage, q string, args []any, into *bool) bool {
 	for attempt := 1; ; attempt++ {
+		if rd.isLost() {
+			return false
+		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommandTimeout)
 		err := r.queryStream(wctx, q, args, into)
 		cancel()
@@ -339,6 +429,8 @@ func (r *Relay) writeStream(ctx context.Context, m *outboxdriver.StreamMessage, 
 		r.log.Warn("outbox: cannot write a stream message into the table; trying again", "message_id", m.ID, "topic", m.Topic, "attempt", attempt, "err", r.d.Classify(err))
 		select {
 		case <-ctx.Done():
+			return false
+		case <-rd.lost:
 			return false
 		case <-time.After(r.retry.Delay(attempt)):
 		}

@@ -648,3 +648,49 @@ func (e *walEnv) slotActive(t *testing.T) bool {
 	}
 	return active
 }
+
+// When the relay's replication connection is lost, the handlers of the
+// messages it read are cancelled (another relay may take the slot over and
+// deliver them) and nothing is written into the table for them: the next
+// reader reads them again.
+func TestWALLostStream(t *testing.T) {
+	e := newWALEnv(t)
+	var runs, secondAttempt atomic.Int32
+	cancelled := make(chan error, 1)
+	entered := make(chan struct{}, 1)
+	r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Handle("t", func(ctx context.Context, d outbox.Delivery) error {
+		if runs.Add(1) == 1 {
+			entered <- struct{}{}
+			<-ctx.Done()
+			cancelled <- ctx.Err()
+			return ctx.Err()
+		}
+		secondAttempt.Store(int32(d.Attempt))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dialecttest.StartRelay(t, r)
+	waitFor(t, 10*time.Second, "the relay reads the slot", func() bool { return e.slotActive(t) })
+	walDrivers()[0].publish(t, e, []outbox.Message{{Topic: "t"}}, true)
+	<-entered
+	if _, err := e.db.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.cfg.Slot); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context was not cancelled when the stream was lost")
+	}
+	waitFor(t, 20*time.Second, "the message delivered again by the next reading", func() bool { return runs.Load() == 2 })
+	if a := secondAttempt.Load(); a != 1 {
+		t.Fatalf("the second delivery was attempt %d, want 1: read again from the slot, not retried from the table", a)
+	}
+	if n := e.count(t, ""); n != 0 {
+		t.Fatalf("the table holds %d rows: the lost stream's message was written into it", n)
+	}
+}

@@ -251,3 +251,54 @@ func TestWALOrderedRefusesTableOnly(t *testing.T) {
 		t.Errorf("the transaction after refused messages: %v", err)
 	}
 }
+
+// A relay that takes the slot over finds the keys with messages in the
+// table: a key whose head failed under an earlier reader keeps its later
+// messages queued behind that head.
+func TestWALOrderedAcrossReaders(t *testing.T) {
+	e := newWALEnv(t)
+	e.orderedWAL(t)
+	log := newKeyLog(t)
+	var first outbox.ID
+	var mu sync.Mutex
+	newRelay := func() *outbox.Relay {
+		r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryBase: time.Hour, RetryCap: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Handle("t", log.handler(func(d outbox.Delivery, run int) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return d.ID == first && run == 1
+		})); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	pub := walDrivers()[0].publish
+	want := map[string][]outbox.ID{}
+	res := pub(t, e, []outbox.Message{{Topic: "t", Key: "k"}}, true)
+	mu.Lock()
+	first = res[0].ID
+	mu.Unlock()
+	want["k"] = append(want["k"], first)
+	stopA := dialecttest.StartRelay(t, newRelay())
+	waitFor(t, 20*time.Second, "k's head stored after its failure", func() bool { return e.count(t, "state = 'pending' AND attempts = 1") == 1 })
+	stopA()
+	for range 3 {
+		for _, k := range []string{"k", "other"} {
+			want[k] = append(want[k], pub(t, e, []outbox.Message{{Topic: "t", Key: k}}, true)[0].ID)
+		}
+	}
+	dialecttest.StartRelay(t, newRelay())
+	waitFor(t, 20*time.Second, "the other key delivered", func() bool { return log.count("other") == 3 })
+	waitFor(t, 10*time.Second, "k's later messages queued behind its head", func() bool { return e.count(t, "message_key = 'k' AND state = 'blocked'") == 3 })
+	if n := log.count("k"); n != 0 {
+		t.Fatalf("key k delivered %d messages behind its failed head", n)
+	}
+	if _, err := e.db.Exec(`UPDATE `+e.table+` SET available_at = now() WHERE id = $1`, first.String()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "key k delivered", func() bool { return log.count("k") == 4 })
+	log.check(want)
+}

@@ -51,6 +51,15 @@ type Streamer interface {
 	// one boolean: whether m is in the table now (stored by it, or before
 	// it by an earlier reader).
 	QueueSQL(t Table, m *StreamMessage) (query string, args []any)
+
+	// TableKeysSQL returns the statement, without arguments, that lists
+	// the keys with ordered messages in table t (undelivered or dead), one
+	// per row. A reader runs it when it opens the stream: a key it does not
+	// list, and that the reader has not stored a message of since, has
+	// nothing in the table for its next message to queue behind (no
+	// publish stores ordered messages in the table, and only the reader
+	// writes stream messages there).
+	TableKeysSQL(t Table) string
 }
 
 // Stream is an open stream of messages; Next is called from one

@@ -262,9 +262,20 @@ ins AS (
 SELECT EXISTS (SELECT 1 FROM present) OR EXISTS (SELECT 1 FROM ins)`
 }
 
-var walTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) [3]string {
-	return [3]string{storeWAL(quoteTable(t)), storeOrderedWAL(t), queueWAL(t)}
+// tableKeysWAL lists the keys with ordered messages in the table, through
+// the key_seq index (which holds exactly those rows).
+func tableKeysWAL(t outboxdriver.Table) string {
+	return `SELECT DISTINCT message_key FROM ` + quoteTable(t) + `
+WHERE key_seq IS NOT NULL AND state IN ('pending', 'processing', 'blocked', 'dead')`
+}
+
+var walTexts = sqlbuild.NewTexts(func(t outboxdriver.Table) [4]string {
+	return [4]string{storeWAL(quoteTable(t)), storeOrderedWAL(t), queueWAL(t), tableKeysWAL(t)}
 })
+
+// TableKeysSQL lists the keys with ordered messages in table t; see
+// outboxdriver.Streamer.
+func (d *walDialect) TableKeysSQL(t outboxdriver.Table) string { return walTexts.Get(t)[3] }
 
 // StoreSQL writes stream message m into table t with outcome s, one
 // statement; a row with m's id is left as it is.
