@@ -257,21 +257,28 @@ func (m arrayMatch) String() string {
 	return "array {" + strings.Join(parts, ", ") + "}"
 }
 
-// envelopeMatch matches a message of PostgreSQL's WAL transport
-// (postgres.WALDialect) as the publish statement carries it: the same
-// topic, key and ordering, payload and headers equal as JSON, any id.
-type envelopeMatch struct{ want walenv.Envelope }
+// envelopeMatch matches the messages of PostgreSQL's WAL transport
+// (postgres.WALDialect) as the publish statement carries them, envelopes
+// back to back: as many, in order, each with the same topic, key and
+// ordering, payload and headers equal as JSON, any id.
+type envelopeMatch struct{ want []walenv.Envelope }
 
 func (m envelopeMatch) Match(v driver.Value) bool {
 	b, ok := v.([]byte)
 	if !ok {
 		return false
 	}
-	got, err := walenv.Decode(b)
-	if err != nil || got.Topic != m.want.Topic || got.Key != m.want.Key || got.Ordered != m.want.Ordered {
+	got, err := walenv.DecodeAll(b)
+	if err != nil || len(got) != len(m.want) {
 		return false
 	}
-	return sameJSON(m.want.Payload, got.Payload) && sameJSON(m.want.Headers, got.Headers)
+	for i, w := range m.want {
+		g := got[i]
+		if g.Topic != w.Topic || g.Key != w.Key || g.Ordered != w.Ordered || !sameJSON(w.Payload, g.Payload) || !sameJSON(w.Headers, g.Headers) {
+			return false
+		}
+	}
+	return true
 }
 
 // sameJSON reports whether two stored documents (nil for NULL) are the
@@ -288,7 +295,11 @@ func sameJSON(a, b []byte) bool {
 	return equalJSON(da, db)
 }
 
-// String shows the expected message in sqlmock's messages.
+// String shows the expected messages in sqlmock's messages.
 func (m envelopeMatch) String() string {
-	return fmt.Sprintf("WAL message topic=%q key=%q payload=%s headers=%s", m.want.Topic, m.want.Key, m.want.Payload, m.want.Headers)
+	parts := make([]string, len(m.want))
+	for i, w := range m.want {
+		parts[i] = fmt.Sprintf("topic=%q key=%q payload=%s headers=%s", w.Topic, w.Key, w.Payload, w.Headers)
+	}
+	return "WAL messages {" + strings.Join(parts, "; ") + "}"
 }

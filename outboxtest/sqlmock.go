@@ -278,8 +278,8 @@ type probes struct {
 // matches the range; an array literal matches element by element.
 func argMatcher(a any, ids map[string]bool, p probes) driver.Value {
 	if b, ok := a.([]byte); ok {
-		if e, err := walenv.Decode(b); err == nil {
-			return envelopeMatch{e}
+		if es, err := walenv.DecodeAll(b); err == nil {
+			return envelopeMatch{es}
 		}
 	}
 	if el, ok := arrayElems(a); ok {

@@ -159,26 +159,25 @@ func (d *walDialect) CheckRow(r *outboxdriver.Row) (field, reason string) {
 	return field, "the WAL transport orders a key's messages by commit; an ordered message (OrderByKey and a Key) cannot have a DedupKey, a Delay or a NotBefore"
 }
 
-// Insert emits rows as logical decoding messages, in one statement:
+// Insert emits rows as one logical decoding message, in one statement:
 //
-//	SELECT pg_logical_emit_message(true, $1::text, v.m) FROM (VALUES ($2::bytea), ($3::bytea)) AS v(m)
+//	SELECT pg_logical_emit_message(true, $1::text, $2::bytea)
 //
-// with $1 the table's prefix and each further argument a message's
-// envelope (package walenv). When some row needs the table it returns
-// [Dialect]'s statement for them all.
+// with $1 the table's prefix and $2 the rows' envelopes back to back
+// (package walenv): one WAL record per publish. When some row needs the
+// table it returns [Dialect]'s statement for them all.
 func (d *walDialect) Insert(t outboxdriver.Table, rows []outboxdriver.Row, wake outboxdriver.Wake) (string, []any) {
 	for i := range rows {
 		if !walRow(&rows[i]) {
 			return d.dialect.Insert(t, rows, wake)
 		}
 	}
-	args := make([]any, 1, len(rows)+1)
-	args[0] = walPrefix(t)
+	var b []byte
 	for i := range rows {
 		r := &rows[i]
-		args = append(args, walenv.Append(nil, walenv.Envelope{ID: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload, Headers: r.Headers, Ordered: r.Ordered}))
+		b = walenv.Append(b, walenv.Envelope{ID: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload, Headers: r.Headers, Ordered: r.Ordered})
 	}
-	return pgwal.EmitSQL(len(rows)), args
+	return pgwal.EmitSQL, []any{walPrefix(t), b}
 }
 
 // OpenStream opens the slot for table t's messages; a slot another relay

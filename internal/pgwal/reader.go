@@ -48,7 +48,8 @@ type ReaderConfig struct {
 // Msg is one message read from the slot.
 type Msg struct {
 	walenv.Envelope
-	// LSN is the message's own position; End the end of its transaction,
+	// LSN is the position of the logical decoding message that carried it
+	// (a publish's messages share one); End the end of its transaction,
 	// which Settled takes.
 	LSN, End pglogrepl.LSN
 	// CommitTime is its transaction's commit time: the message's creation
@@ -218,11 +219,13 @@ func (r *Reader) decode(wal []byte) ([]Msg, error) {
 		}
 		// The content aliases the connection's read buffer, which the
 		// next receive overwrites.
-		e, err := walenv.Decode(bytes.Clone(m.Content))
+		es, err := walenv.DecodeAll(bytes.Clone(m.Content))
 		if err != nil {
 			return nil, fmt.Errorf("at %s: %w", m.LSN, err)
 		}
-		r.tx = append(r.tx, Msg{Envelope: e, LSN: m.LSN})
+		for _, e := range es {
+			r.tx = append(r.tx, Msg{Envelope: e, LSN: m.LSN})
+		}
 	case *pglogrepl.CommitMessage:
 		r.inTx = false
 		r.track.add(m.TransactionEndLSN, m.CommitTime, len(r.tx))

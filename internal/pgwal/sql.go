@@ -11,29 +11,15 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// EmitSQL is the one statement that emits n envelopes as transactional
-// logical decoding messages, in order, in the caller's transaction: $1 is
-// the prefix, $2..$n+1 the envelopes.
-func EmitSQL(n int) string {
-	var b strings.Builder
-	b.WriteString("SELECT pg_logical_emit_message(true, $1::text, v.m) FROM (VALUES ")
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("($")
-		b.WriteString(strconv.Itoa(i + 2))
-		b.WriteString("::bytea)")
-	}
-	b.WriteString(") AS v(m)")
-	return b.String()
-}
+// EmitSQL is the one statement that emits a publish's messages as one
+// transactional logical decoding message in the caller's transaction: $1
+// is the prefix, $2 the messages' envelopes back to back (package
+// walenv). One WAL record per publish, whatever its number of messages.
+const EmitSQL = `SELECT pg_logical_emit_message(true, $1::text, $2::bytea)`
 
 var name = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 

@@ -1,7 +1,8 @@
 // Package walenv is the envelope a message of PostgreSQL's WAL transport
-// travels in, as the content of a transactional logical decoding message
-// (pg_logical_emit_message). It has no dependencies beyond the SPI, so the
-// sqlmock kit can read what Publish sends.
+// travels in. The content of one transactional logical decoding message
+// (pg_logical_emit_message) is the envelopes of a publish's messages, back
+// to back: one WAL record per publish. It has no dependencies beyond the
+// SPI, so the sqlmock kit can read what Publish sends.
 package walenv
 
 import (
@@ -55,16 +56,44 @@ func appendField(dst, b []byte, present bool) []byte {
 	return append(dst, b...)
 }
 
-// Decode decodes an envelope Append wrote. The byte slices of the result
-// alias b.
+// Decode decodes one envelope Append wrote, and nothing after it. The
+// byte slices of the result alias b.
 func Decode(b []byte) (Envelope, error) {
+	e, rest, err := decodeOne(b)
+	if err == nil && len(rest) != 0 {
+		return Envelope{}, fmt.Errorf("%w: %d trailing bytes", ErrEnvelope, len(rest))
+	}
+	return e, err
+}
+
+// DecodeAll decodes the envelopes of one message's content: one or more,
+// back to back, as successive Appends wrote them. The byte slices of the
+// result alias b.
+func DecodeAll(b []byte) ([]Envelope, error) {
+	var out []Envelope
+	for {
+		e, rest, err := decodeOne(b)
+		if err != nil {
+			return nil, fmt.Errorf("envelope %d: %w", len(out), err)
+		}
+		out = append(out, e)
+		if len(rest) == 0 {
+			return out, nil
+		}
+		b = rest
+	}
+}
+
+// decodeOne decodes the envelope at the start of b and returns the bytes
+// after it.
+func decodeOne(b []byte) (Envelope, []byte, error) {
 	var e Envelope
 	const head = 2 + len(outboxdriver.ID{})
 	if len(b) < head {
-		return e, fmt.Errorf("%w: %d bytes", ErrEnvelope, len(b))
+		return e, nil, fmt.Errorf("%w: %d bytes", ErrEnvelope, len(b))
 	}
 	if b[0] != version {
-		return e, fmt.Errorf("%w: version %d", ErrEnvelope, b[0])
+		return e, nil, fmt.Errorf("%w: version %d", ErrEnvelope, b[0])
 	}
 	e.Ordered = b[1]&flagOrdered != 0
 	copy(e.ID[:], b[2:])
@@ -73,7 +102,7 @@ func Decode(b []byte) (Envelope, error) {
 	for i := range fields {
 		n, k := binary.Uvarint(rest)
 		if k <= 0 || n > uint64(len(rest)-k)+1 {
-			return Envelope{}, fmt.Errorf("%w: field %d", ErrEnvelope, i)
+			return Envelope{}, nil, fmt.Errorf("%w: field %d", ErrEnvelope, i)
 		}
 		rest = rest[k:]
 		if n == 0 {
@@ -81,12 +110,9 @@ func Decode(b []byte) (Envelope, error) {
 		}
 		fields[i], rest = rest[:n-1:n-1], rest[n-1:]
 	}
-	if len(rest) != 0 {
-		return Envelope{}, fmt.Errorf("%w: %d trailing bytes", ErrEnvelope, len(rest))
-	}
 	if len(fields[0]) == 0 {
-		return Envelope{}, fmt.Errorf("%w: no topic", ErrEnvelope)
+		return Envelope{}, nil, fmt.Errorf("%w: no topic", ErrEnvelope)
 	}
 	e.Topic, e.Key, e.Headers, e.Payload = string(fields[0]), string(fields[1]), fields[2], fields[3]
-	return e, nil
+	return e, rest, nil
 }

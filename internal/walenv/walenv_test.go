@@ -55,3 +55,34 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A publish's content is its envelopes back to back: DecodeAll gives
+// them in order, and refuses content with a broken one anywhere.
+func TestDecodeAll(t *testing.T) {
+	es := []Envelope{
+		{ID: outboxdriver.ID{1}, Topic: "a", Key: "k", Payload: []byte(`{"n":1}`), Ordered: true},
+		{ID: outboxdriver.ID{2}, Topic: "b"},
+		{ID: outboxdriver.ID{3}, Topic: "c", Headers: []byte(`{"h":"v"}`), Payload: []byte(`[]`)},
+	}
+	var b []byte
+	for _, e := range es {
+		b = Append(b, e)
+	}
+	got, err := DecodeAll(b)
+	if err != nil || len(got) != len(es) {
+		t.Fatalf("DecodeAll: %d envelopes, %v; want %d", len(got), err, len(es))
+	}
+	for i := range es {
+		if got[i].ID != es[i].ID || got[i].Topic != es[i].Topic || got[i].Ordered != es[i].Ordered || !bytes.Equal(got[i].Payload, es[i].Payload) {
+			t.Errorf("envelope %d: %+v, want %+v", i, got[i], es[i])
+		}
+	}
+	if _, err := Decode(b); !errors.Is(err, ErrEnvelope) {
+		t.Errorf("Decode of three envelopes: %v, want ErrEnvelope (trailing bytes)", err)
+	}
+	for name, bad := range map[string][]byte{"empty": nil, "truncated": b[:len(b)-1], "garbage after": append(append([]byte{}, b...), 7)} {
+		if _, err := DecodeAll(bad); !errors.Is(err, ErrEnvelope) {
+			t.Errorf("%s: %v, want ErrEnvelope", name, err)
+		}
+	}
+}
