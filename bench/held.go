@@ -43,6 +43,10 @@ func heldRun(ctx context.Context, s *system) {
 	k := int(total.Seconds()*float64(*heldRate)) + 1
 	committed := make([]atomic.Int64, k+1)
 	handled := make([]atomic.Int64, k+1)
+	// The phase each message was committed in (0 steady, 1 held, 2
+	// after), for the phases' own percentiles.
+	phaseOf := make([]atomic.Int32, k+1)
+	var curPhase atomic.Int32
 	var nHandled atomic.Int64
 	start, stop := s.consume(ctx, 1, func(seq int64) {
 		if seq > 0 && seq <= int64(k) && handled[seq].CompareAndSwap(0, time.Now().UnixNano()) {
@@ -81,6 +85,7 @@ func heldRun(ctx context.Context, s *system) {
 				check(s.publish(ctx, tx, 1, seq))
 				check(tx.Commit(ctx))
 				committed[seq].Store(time.Now().UnixNano())
+				phaseOf[seq].Store(curPhase.Load())
 				published.Add(1)
 			}
 		})
@@ -99,9 +104,11 @@ func heldRun(ctx context.Context, s *system) {
 			_, err = held.Exec(ctx, `SELECT count(*) FROM bench_held_other`)
 			check(err)
 			phase = "held"
+			curPhase.Store(1)
 		case phase == "held" && el >= *heldSteady+*heldFor:
 			check(held.Rollback(ctx))
 			phase = "after"
+			curPhase.Store(2)
 		}
 		// The window's messages: those committed in it and handled.
 		upTo := seqs.Load()
@@ -139,6 +146,25 @@ func heldRun(ctx context.Context, s *system) {
 	}
 	stop()
 	closePools()
+	// Each phase's percentiles over every message committed in it.
+	var byPhase [3][]float64
+	for i := 1; i <= k; i++ {
+		c, h := committed[i].Load(), handled[i].Load()
+		if c != 0 && h != 0 {
+			p := phaseOf[i].Load()
+			byPhase[p] = append(byPhase[p], max(0, float64(h-c)/1e6))
+		}
+	}
+	fmt.Printf("phases %s:", s.name)
+	for p, name := range []string{"steady", "held", "after"} {
+		if lat := byPhase[p]; len(lat) > 0 {
+			fmt.Printf("  %s p50 %.2f p99 %.2f max %.1f ms (%d msgs)", name, percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1), len(lat))
+		}
+	}
+	if len(byPhase[0]) > 0 && len(byPhase[1]) > 0 {
+		fmt.Printf("  held p99 / steady p99 %.2fx", percentile(byPhase[1], 0.99)/percentile(byPhase[0], 0.99))
+	}
+	fmt.Println()
 }
 
 // tableOf is the table of an oncommit system as outbox.Config.Table
