@@ -291,6 +291,11 @@ func (r *Reader) status(ctx context.Context, force bool) error {
 // bounded by 5s, and closes the connection; the server frees the slot for
 // another reader.
 func (r *Reader) Close(ctx context.Context) error {
+	if r.conn.IsClosed() {
+		// A failed receive closed it, and is still sending Terminate on
+		// it: nothing more may be sent.
+		return nil
+	}
 	err := r.status(ctx, true)
 	if err == nil {
 		deadline := time.Now().Add(5 * time.Second)
