@@ -20,7 +20,7 @@ func variants(ctx context.Context, pool *pgxpool.Pool) {
 			fill(ctx, pool, ob, *n, "bench")
 			tbl := pgsql.QuoteTable(ob.Table())
 			q := pgsql.ClaimSQL(ob.Table(), 1)
-			args := []any{"bench", 100, 30.0, 10}
+			args := []any{"bench", 100, 30.0, 10, 0.0} // 0.0: no window
 			switch v {
 			case "raw":
 				q = `WITH due AS MATERIALIZED (SELECT id FROM ` + tbl + ` WHERE state IN ('pending','processing') AND available_at <= now() AND topic = 'bench'
@@ -35,6 +35,7 @@ func variants(ctx context.Context, pool *pgxpool.Pool) {
 		ORDER BY available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)
 		UPDATE ` + tbl + ` AS o SET state = 'processing', attempts = o.attempts + 1, available_at = now() + make_interval(secs => $3::float8)
 		WHERE o.id = ANY (ARRAY(SELECT id FROM due)) AND $4::int > 0 RETURNING o.id::text, o.topic, o.message_key, o.payload::text, o.headers::text, o.attempts, o.state, o.created_at`
+				args = args[:4]
 			}
 			del := `DELETE FROM ` + tbl + ` WHERE id = ANY($1::uuid[])`
 			t0 := time.Now()

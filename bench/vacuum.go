@@ -30,7 +30,7 @@ func vacuumBench(ctx context.Context, pool *pgxpool.Pool) {
 			check(err)
 			var plan []byte
 			check(tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+pgsql.ClaimSQL(ob.Table(), 1),
-				"bench", 100, 30.0, 25).Scan(&plan))
+				"bench", 100, 30.0, 25, 0.0).Scan(&plan))
 			check(tx.Rollback(ctx))
 			var out []struct {
 				Plan          map[string]any `json:"Plan"`

@@ -77,6 +77,8 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			continue // all slots busy: wait for the next poll or wake-up
 		}
 		limit := min(nfree, r.cfg.BatchSize)
+		sent := time.Now()
+		r.win.next(sent)
 		claimed, err := r.claimFinishing(ctx, limit)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -98,6 +100,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 			continue
 		}
 		r.health.claimed(nil)
+		r.win.claimed(sent, len(claimed), limit)
 		checked = true
 		failures = 0
 		for i := range claimed {
@@ -149,6 +152,10 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 				if next, hot = nextFollowUp(trail, now.Sub(woke), r.cfg.PollInterval); !hot {
 					trail = 0
 				}
+			}
+			if trail > 0 && r.win.kick != nil {
+				// A silent publish may be due before the claims' window.
+				r.win.kickProbe()
 			}
 			resetTimer(poll, next)
 		}
@@ -227,7 +234,7 @@ func (r *Relay) claim(ctx context.Context, limit int) ([]outboxdriver.Claimed, e
 	}
 	p := outboxdriver.ClaimParams{
 		Topics: r.topics, AllTopics: r.all, Limit: limit, Lease: r.cfg.Lease, MaxAttempts: r.cfg.MaxAttempts,
-		Done: fences, KeepDelivered: r.settleP.KeepDelivered, AsyncCommit: r.settleP.AsyncCommit,
+		Done: fences, KeepDelivered: r.settleP.KeepDelivered, AsyncCommit: r.settleP.AsyncCommit, Recent: r.win.recent,
 	}
 	var claimed []outboxdriver.Claimed
 	var applied []outboxdriver.Fence

@@ -79,6 +79,43 @@ type Health struct {
 	// Stream is the relay's reading of its dialect's message stream
 	// (PostgreSQL's WAL transport); zero without one.
 	Stream StreamHealth
+	// Cleanup is the relay's last reading of what keeps the table's
+	// deleted rows (PostgreSQL); zero with other dialects.
+	Cleanup CleanupHealth
+}
+
+// CleanupHealth is what keeps the outbox table's deleted rows from being
+// reclaimed, in [Health]: the relay reads it every ten poll intervals
+// (between half a second and 30 seconds). While an old snapshot is open
+// (a long REPEATABLE READ transaction, pg_dump, a session idle in
+// transaction, a replication slot or a hot standby's feedback), VACUUM
+// cannot remove the rows delivered messages leave; the relay logs one
+// warning when a holder has held for a minute. Its errors are not
+// [Health.Err]'s.
+type CleanupHealth struct {
+	// CheckedAt is when the relay last read it; zero when it never did.
+	CheckedAt time.Time
+	// DeadRows is the table's dead row versions, as the database last
+	// counted them (PostgreSQL: pg_stat_all_tables.n_dead_tup).
+	DeadRows int64
+	// AutovacuumOff is true when autovacuum is off for the server or the
+	// table: nothing removes the dead rows but a VACUUM someone runs.
+	AutovacuumOff bool
+	// Holder names the oldest snapshot or transaction holding back
+	// cleanup ("pid 4242 (idle in transaction, application psql)",
+	// "replication slot s1", "standby s2 (hot_standby_feedback)",
+	// "prepared transaction g1"), "" when none is open. A session of
+	// another role shows no state unless the relay's role may read it
+	// (pg_read_all_stats).
+	Holder string
+	// HolderAge is how long the holder has held: its transaction's age
+	// for a session or a prepared transaction, else how long this relay
+	// has seen it.
+	HolderAge time.Duration
+	// HolderXIDs is the holder's xmin age in transaction ids.
+	HolderXIDs int64
+	// LastError is the last reading's error, nil when it succeeded.
+	LastError error
 }
 
 // StreamHealth is a relay's reading of its dialect's message stream, in

@@ -80,6 +80,10 @@ type Relay struct {
 	// stream is the reading of the dialect's message stream (stream.go),
 	// nil when the dialect has none.
 	stream *streamState
+	// win is the claims' window (window.go).
+	win claimWindow
+	// horizonWarn, when not zero, replaces horizonWarnAfter (tests).
+	horizonWarn time.Duration
 }
 
 // Relay returns a relay that delivers this Outbox's messages from db.
@@ -278,6 +282,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.cfg.UnhandledEvery != Forever && !r.all { // a catch-all handles every topic
 		startBG(r.unhandledLoop)
+	}
+	if cr, ok := r.d.(outboxdriver.CleanupReader); ok {
+		startBG(func(ctx context.Context) { r.cleanupLoop(ctx, cr) })
+	}
+	if wc, ok := r.d.(outboxdriver.WindowedClaimer); ok && r.ord == nil {
+		r.win.wc, r.win.kick = wc, make(chan struct{}, 1)
+		startBG(r.probeLoop)
 	}
 	stopSettler := make(chan struct{})
 	go r.settleLoop(context.WithoutCancel(ctx), stopSettler)

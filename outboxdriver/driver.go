@@ -287,6 +287,38 @@ type ClaimParams struct {
 	// AsyncCommit: the claim's statement commits without waiting for the
 	// log flush (see Capabilities.AsyncCommit).
 	AsyncCommit bool
+	// Recent, when not zero, lets the claim skip rows that became due
+	// more than Recent before it (their available_at): a dialect that
+	// implements [WindowedClaimer] reads only the claim index's recent
+	// end, not the entries of deleted rows before it that a held MVCC
+	// horizon keeps. Zero claims every due row. A dialect without
+	// WindowedClaimer ignores it.
+	Recent time.Duration
+}
+
+// WindowedClaimer is implemented by a [RelayDialect] whose claims honour
+// ClaimParams.Recent. The relay claims in windows that overlap and
+// follow the claims it has made, and asks OldestDue now and then (away
+// from its claims) whether a row due before its window is waiting: a
+// publish committed late (its transaction's timestamps are older than
+// the window), a NotBefore in the past, a row another statement held
+// locked when the window passed it.
+type WindowedClaimer interface {
+	// OldestDue looks for the oldest due row of p's topics (of every
+	// topic with p.AllTopics) as a claim without a window would, and
+	// locks nothing.
+	OldestDue(ctx context.Context, db DB, t Table, p ClaimParams) (Due, error)
+}
+
+// Due is what [WindowedClaimer.OldestDue] found.
+type Due struct {
+	// Found is false when no row is due; Age is how long ago the oldest
+	// became due.
+	Found bool
+	Age   time.Duration
+	// Took is the look's own time on the server: what a claim without a
+	// window spends reading the index up to the first due row.
+	Took time.Duration
 }
 
 // Claimed is a row returned by [RelayDialect.Claim].
@@ -381,4 +413,31 @@ type TopicStats struct {
 	// OldestBlockedKey is the age (since it was published) of the oldest
 	// head among BlockedKeys; zero when there is none.
 	OldestBlockedKey time.Duration
+}
+
+// Cleanup is what keeps a table's deleted rows from being reclaimed, as
+// read by [CleanupReader].
+type Cleanup struct {
+	// DeadRows is the table's dead row versions, as the database last
+	// counted them (PostgreSQL: pg_stat_all_tables.n_dead_tup).
+	DeadRows int64
+	// AutovacuumOff is true when autovacuum is off for the server or the
+	// table.
+	AutovacuumOff bool
+	// Holder names the oldest snapshot or transaction holding back
+	// cleanup ("pid 4242 (idle in transaction, application psql)",
+	// "replication slot s1", "prepared transaction g1"), "" when none is
+	// open or none can be read.
+	Holder string
+	// HolderAge is how long the holder's transaction has been open, 0
+	// when unknown (a replication slot, a standby).
+	HolderAge time.Duration
+	// HolderXIDs is the holder's xmin age, in transaction ids.
+	HolderXIDs int64
+}
+
+// CleanupReader is implemented by a [RelayDialect] that can read what
+// keeps a table's deleted rows (PostgreSQL).
+type CleanupReader interface {
+	ReadCleanup(ctx context.Context, db DB, t Table) (Cleanup, error)
 }

@@ -36,8 +36,8 @@ func TestAsyncCommitStatements(t *testing.T) {
 	if !strings.Contains(lt.claim[0], "LIMIT 2\n") {
 		t.Fatalf("claimTexts(2) has no LIMIT 2:\n%s", lt.claim[0])
 	}
-	claimArgs := []any{"t", 2, 30.0, 25}
-	doneArgs := append(append([]any{}, claimArgs...), "{}", "{}")
+	claimArgs := []any{"t", 2, 30.0, 25, 0.0}
+	doneArgs := []any{"t", 2, 30.0, 25, "{}", "{}", 0.0}
 	empty := []any{"{}", "{}"}
 	type stmt struct {
 		name string
@@ -47,12 +47,12 @@ func TestAsyncCommitStatements(t *testing.T) {
 	}
 	stmts := []stmt{
 		{"claim", ct.claim[0], ct.claimAsync[0], claimArgs},
-		{"claim several topics", ct.claim[1], ct.claimAsync[1], []any{"{t,u}", 2, 30.0, 25}},
-		{"claim every topic", ct.claim[2], ct.claimAsync[2], []any{"", 2, 30.0, 25}},
+		{"claim several topics", ct.claim[1], ct.claimAsync[1], []any{"{t,u}", 2, 30.0, 25, 0.0}},
+		{"claim every topic", ct.claim[2], ct.claimAsync[2], []any{"", 2, 30.0, 25, 0.0}},
 		{"claim and delete", ct.claimDelete[0], ct.claimDeleteAsync[0], doneArgs},
 		{"claim and keep", ct.claimKeep[0], ct.claimKeepAsync[0], doneArgs},
 		{"claim, limit in the text", lt.claim[0], lt.claimAsync[0], claimArgs},
-		{"claim several topics, limit in the text", lt.claim[1], lt.claimAsync[1], []any{"{t,u}", 2, 30.0, 25}},
+		{"claim several topics, limit in the text", lt.claim[1], lt.claimAsync[1], []any{"{t,u}", 2, 30.0, 25, 0.0}},
 		{"claim and delete, limit in the text", lt.claimDelete[0], lt.claimDeleteAsync[0], doneArgs},
 		{"claim and keep, limit in the text", lt.claimKeep[0], lt.claimKeepAsync[0], doneArgs},
 		{"settle done", st[0].deleteDone, st[1].deleteDone, empty},

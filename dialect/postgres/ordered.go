@@ -299,7 +299,7 @@ func orderedClaimSQL(t outboxdriver.Table, topics int, keep bool) string {
 	// follows the one before: the first $8 rows are round-robin's.
 	row := `b.id, b.topic, b.message_key, b.payload, b.headers, b.attempts, b.attempts_base, b.created_at, b.key_seq`
 	ok := `b.available_at <= now() AND ` + inTopics
-	with := claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`, false, "")
+	with := claimCTE(t, done+fenceJoin+` RETURNING o.id`, topics, `, o.key_seq`, false, "", "")
 	if !strings.HasPrefix(with, "WITH RECURSIVE ") { // all topics: already
 		with = "WITH RECURSIVE " + strings.TrimPrefix(with, "WITH ")
 	}
