@@ -43,6 +43,11 @@ const (
 	wideEvery    = 500 * time.Millisecond
 )
 
+// probeMeasure is the probe's interval while claims have no window (it
+// only measures what a claim from the index's head costs), when the poll
+// interval is shorter.
+const probeMeasure = time.Second
+
 // probeShare bounds the probe's share of the time: after a look that took
 // d, the next comes after max(PollInterval, probeShare*d), and no kick
 // brings it sooner.
@@ -126,6 +131,9 @@ func (r *Relay) probeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-w.kick:
+			if !w.on.Load() {
+				continue // the claims take every due row: nothing to find
+			}
 			if wait := time.Until(earliest); wait > 0 {
 				resetTimer(t, wait)
 				continue
@@ -142,7 +150,12 @@ func (r *Relay) probeLoop(ctx context.Context) {
 		cancel()
 		spacing := probeShare * time.Since(start)
 		earliest = start.Add(spacing)
-		resetTimer(t, max(r.cfg.PollInterval, spacing))
+		every := r.cfg.PollInterval
+		if !w.on.Load() && !w.always {
+			// Only measuring: the claims take every due row.
+			every = max(every, probeMeasure)
+		}
+		resetTimer(t, max(every, spacing))
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Debug("outbox: looking for due messages before the claims' window failed", "err", r.d.Classify(err))
