@@ -171,10 +171,9 @@ func (r *Relay) probeLoop(ctx context.Context) {
 			r.log.Debug("outbox: claiming without windows again", "look_took", due.Took)
 		}
 		if at := start.Add(-due.Age).UnixNano(); due.Found && w.on.Load() && at < since-int64(windowMargin) {
-			due := at
 			for {
 				cur := w.pull.Load()
-				if (cur != 0 && cur <= due) || w.pull.CompareAndSwap(cur, due) {
+				if (cur != 0 && cur <= at) || w.pull.CompareAndSwap(cur, at) {
 					break
 				}
 			}

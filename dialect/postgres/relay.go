@@ -603,16 +603,13 @@ const fenceJoin = ` WHERE o.id = v.id AND o.attempts = v.attempts AND o.state = 
 // parameter ids and attempts in attempts, with no join: a row is read
 // only through the primary key at one of the ids (id = ANY), and its
 // attempts looked up at the id's place in the array. A join leaves the
-// plan to the statistics, and a held MVCC horizon makes them lie: VACUUM
-// then removes nothing and leaves the indexes' statistics where they were
-// (outbox_pkey at 10 tuples and 94 pages over a 70 MB table), and the
-// generic plan of the joined delete scanned a whole index of dead entries
-// and filtered it against the pairs: 600 ms a settle of 50, the relay's
-// hot path (bench held, 2.5 minutes into the hold). The state is
+// plan to the statistics, which a held MVCC horizon makes lie (VACUUM
+// removes nothing and leaves the indexes' statistics where they were), and
+// the joined delete's generic plan then read a whole index of dead
+// entries (docs/internals.md, "A held MVCC horizon"). The state is
 // concatenated with the empty string so that no partial index on the
-// state (the claim index) is implied: the planner, believing the claim
-// index held ten tuples, chose to read it whole (275 ms) over the primary
-// key's probes.
+// state (the claim index) is implied: the planner, believing that index
+// nearly empty, chose to read it whole over the primary key's probes.
 func deleteFenced(tbl, ids, attempts string) string {
 	return `DELETE FROM ` + tbl + ` AS o WHERE o.id = ANY(` + ids + `::uuid[]) AND o.state || '' = 'processing' AND o.attempts = (` + attempts + `::integer[])[array_position(` + ids + `::uuid[], o.id)]`
 }
