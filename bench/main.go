@@ -30,6 +30,11 @@
 //     claim-publish-await-delete loop (forward.go; docs/benchmarks.md).
 //   - inspect: a page of 50 dead messages out of 1,000,000 rows through
 //     outbox.List, with its plan (inspect.go; docs/operations.md).
+//   - held-mysql, held-sqlite: the held-snapshot scenario (compare's held on
+//     PostgreSQL) on MariaDB/MySQL and on a SQLite file: 800 msg/s, a
+//     snapshot held for minutes, the history list length or the WAL's size
+//     per window (held.go, held_sql.go; docs/benchmarks.md). With
+//     -held-for 0, compare's held is a steady soak of -held-steady.
 //
 // The server comes from OUTBOX_TEST_POSTGRES_URL, else the local default.
 package main
@@ -65,7 +70,7 @@ var concurrency = 0 // RelayConfig default
 
 var (
 	url            = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only           = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
+	only           = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, held-mysql, held-sqlite, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward)")
 	rounds         = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n              = flag.Int("n", 50000, "messages per drain")
 	cpuprofile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain or obs: of each timed drain, to this file plus .<case>.r<round>)")
@@ -125,6 +130,12 @@ func main() {
 	}
 	if *only == "mysql" {
 		mysqlBench(ctx)
+	}
+	if *only == "held-mysql" {
+		heldMySQL(ctx)
+	}
+	if *only == "held-sqlite" {
+		heldSQLite(ctx)
 	}
 	if *only == "sqlite-stmt" {
 		sqliteStmts(ctx)

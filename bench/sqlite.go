@@ -18,12 +18,12 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// sqliteFile opens a fresh SQLite file (WAL, busy timeout) with the outbox
-// table.
-func sqliteFile(ctx context.Context, dir, name string) (*sql.DB, *outbox.Outbox) {
+// sqliteFile opens a fresh SQLite file (WAL, busy timeout, and the DSN
+// parameters in more) with the outbox table.
+func sqliteFile(ctx context.Context, dir, name string, more ...string) (*sql.DB, *outbox.Outbox) {
 	path := filepath.Join(dir, name+".db")
 	os.Remove(path)
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"+strings.Join(more, ""))
 	check(err)
 	check(sqlite.Migrate(ctx, db, ""))
 	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{})
