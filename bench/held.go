@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -150,11 +151,12 @@ func runHeld(ctx context.Context, t heldTarget) {
 	phase := "steady"
 	lastHandled, lastSeq := int64(0), int64(1)
 	var worstHeld float64 // the held phase's worst window p99
-	var maxBacklog, minRate int64 = 0, -1
+	var maxBacklog, minRate int64 = 0, math.MaxInt64
 	var pressures, sizes []int64
 	for w := 1; time.Since(began) < total; w++ {
 		time.Sleep(time.Until(began.Add(time.Duration(w) * *heldWindow)))
 		el := time.Since(began)
+		was := phase // the phase this window's messages were committed in
 		switch {
 		case hold && phase == "steady" && el >= *heldSteady:
 			release = t.hold(ctx)
@@ -188,15 +190,10 @@ func runHeld(ctx context.Context, t heldTarget) {
 		rate := int64(float64(h-lastHandled) / heldWindow.Seconds())
 		backlog := published.Load() - h
 		fmt.Printf("%-8s %8s %9.2f %9.2f %9.1f %10d %9d %10d %10d\n", el.Truncate(time.Second), phase, p50, p99, mx, rate, backlog, pressure, size)
-		// The window the snapshot is taken in is still "held" from here on
-		// (its messages were committed before), as is the one it ends in.
-		if phase == "held" || (phase == "after" && worstHeld > 0 && el < *heldSteady+*heldFor+*heldWindow) {
+		if was == "held" {
 			worstHeld = max(worstHeld, p99)
 		}
-		maxBacklog = max(maxBacklog, backlog)
-		if w > 1 && (minRate < 0 || rate < minRate) {
-			minRate = rate
-		}
+		maxBacklog, minRate = max(maxBacklog, backlog), min(minRate, rate)
 		pressures, sizes = append(pressures, pressure), append(sizes, size)
 		lastHandled = h
 	}
@@ -222,9 +219,11 @@ func runHeld(ctx context.Context, t heldTarget) {
 		l := max(0, float64(h-c)/1e6)
 		p := phaseOf[i].Load()
 		byPhase[p] = append(byPhase[p], l)
-		if !hold && time.Duration(c-began0) < 5*time.Minute {
+		switch at := time.Duration(c - began0); {
+		case hold:
+		case at < 5*time.Minute:
 			first = append(first, l)
-		} else if !hold && time.Duration(c-began0) >= total-5*time.Minute-time.Second {
+		case at >= total-5*time.Minute:
 			last = append(last, l)
 		}
 	}

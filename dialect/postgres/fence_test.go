@@ -31,6 +31,7 @@ func TestDeleteFencedInterleaved(t *testing.T) {
 	db := pgxtx.FromPool(pool)
 	d := Dialect().(outboxdriver.RelayDialect)
 	ctx := context.Background()
+	tbl := pgsql.QuoteTable(tb)
 	settle := map[string]func(f outboxdriver.Fence) ([]outboxdriver.Fence, error){
 		"alone": func(f outboxdriver.Fence) ([]outboxdriver.Fence, error) {
 			return d.Settle(ctx, db, tb, outboxdriver.SettleParams{}, []outboxdriver.Settlement{{Fence: f, Kind: outboxdriver.SettleDone}})
@@ -52,7 +53,7 @@ func TestDeleteFencedInterleaved(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := b.Exec(ctx, `UPDATE `+pgsql.QuoteTable(tb)+` SET attempts = attempts + 1, available_at = now() + interval '1 minute' WHERE id = $1`, id.String()); err != nil {
+			if _, err := b.Exec(ctx, `UPDATE `+tbl+` SET attempts = attempts + 1, available_at = now() + interval '1 minute' WHERE id = $1`, id.String()); err != nil {
 				t.Fatal(err)
 			}
 			type result struct {
@@ -88,7 +89,7 @@ func TestDeleteFencedInterleaved(t *testing.T) {
 				t.Fatalf("%s: %v", form, r.err)
 			}
 			var left int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgsql.QuoteTable(tb)+` WHERE id = $1`, id.String()).Scan(&left); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tbl+` WHERE id = $1`, id.String()).Scan(&left); err != nil {
 				t.Fatal(err)
 			}
 			switch {
@@ -97,7 +98,7 @@ func TestDeleteFencedInterleaved(t *testing.T) {
 			case !commit && (len(r.applied) != 1 || left != 0):
 				t.Errorf("%s, B rolled back: applied %v, %d rows left; want the row deleted", form, r.applied, left)
 			}
-			if _, err := pool.Exec(ctx, `DELETE FROM `+pgsql.QuoteTable(tb)); err != nil {
+			if _, err := pool.Exec(ctx, `DELETE FROM `+tbl); err != nil {
 				t.Fatal(err)
 			}
 		}
