@@ -23,7 +23,7 @@ import (
 	"strings"
 )
 
-//go:embed postgres/*.sql sqlite/*.sql mysql/*.sql
+//go:embed postgres/*.sql sqlite/*.sql mysql/*.sql postgres_inbox/*.sql sqlite_inbox/*.sql mysql_inbox/*.sql
 var files embed.FS
 
 // Postgres returns the PostgreSQL migrations: a flat fs.FS of
@@ -37,6 +37,19 @@ func SQLite() fs.FS { return sub("sqlite") }
 // [Postgres]. Each file is one statement (MySQL drivers run one statement
 // per call unless told otherwise).
 func MySQL() fs.FS { return sub("mysql") }
+
+// PostgresInbox returns the migrations of the inbox table (the ids a
+// consumer has applied, see the outbox package's Inbox) on PostgreSQL,
+// laid out like [Postgres]. The files name the table "inbox" and its
+// indexes "inbox_*"; read them with [LoadInbox].
+func PostgresInbox() fs.FS { return sub("postgres_inbox") }
+
+// SQLiteInbox returns the inbox migrations for SQLite, as [PostgresInbox].
+func SQLiteInbox() fs.FS { return sub("sqlite_inbox") }
+
+// MySQLInbox returns the inbox migrations for MySQL and MariaDB, as
+// [PostgresInbox], one statement per file.
+func MySQLInbox() fs.FS { return sub("mysql_inbox") }
 
 func sub(dir string) fs.FS {
 	f, err := fs.Sub(files, dir)
@@ -57,8 +70,11 @@ type Migration struct {
 var fileRE = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.(up|down)\.sql$`)
 
 // identRE finds the identifiers the files use for the table and its
-// indexes: outbox, outbox_claim_idx, ...
-var identRE = regexp.MustCompile(`\boutbox(_[a-z0-9_]+)?\b`)
+// indexes: outbox, outbox_claim_idx, ...; inboxRE those of the inbox files.
+var (
+	identRE = regexp.MustCompile(`\boutbox(_[a-z0-9_]+)?\b`)
+	inboxRE = regexp.MustCompile(`\binbox(_[a-z0-9_]+)?\b`)
+)
 
 // Load reads the migrations in fsys in version order. When table is not
 // "outbox", every occurrence of the table's name is replaced by table (which
@@ -66,6 +82,17 @@ var identRE = regexp.MustCompile(`\boutbox(_[a-z0-9_]+)?\b`)
 // "schema.name"), the table of keys outbox_keys becomes table_keys (in
 // table's schema), and index and constraint names outbox_x become name_x.
 func Load(fsys fs.FS, table string) ([]Migration, error) {
+	return load(fsys, identRE, "outbox", table)
+}
+
+// LoadInbox reads the inbox migrations in fsys ([PostgresInbox], ...) in
+// version order, as [Load] does: when table is not "inbox", the table's
+// name is replaced by table and index names inbox_x become name_x.
+func LoadInbox(fsys fs.FS, table string) ([]Migration, error) {
+	return load(fsys, inboxRE, "inbox", table)
+}
+
+func load(fsys fs.FS, re *regexp.Regexp, base, table string) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read migrations: %w", err)
@@ -82,14 +109,14 @@ func Load(fsys fs.FS, table string) ([]Migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox: read migration %s: %w", e.Name(), err)
 		}
-		text := identRE.ReplaceAllStringFunc(string(b), func(id string) string {
+		text := re.ReplaceAllStringFunc(string(b), func(id string) string {
 			switch id {
-			case "outbox":
+			case base:
 				return table
 			case "outbox_keys": // a table: in the outbox table's schema
 				return table + "_keys"
 			}
-			return name + id[len("outbox"):]
+			return name + id[len(base):]
 		})
 		mig := byVersion[v]
 		if mig == nil {

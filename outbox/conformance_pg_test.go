@@ -49,7 +49,10 @@ func pgHarness(driver string) dialecttest.Harness {
 			if err := postgres.Migrate(context.Background(), pgtest.Admin(t), table); err != nil {
 				t.Fatal(err)
 			}
-			s := &dialecttest.Store{Table: table, Count: func(t *testing.T, where string) int { return count(t, table, where) }}
+			if err := postgres.MigrateInbox(context.Background(), pgtest.Admin(t), schema+".inbox"); err != nil {
+				t.Fatal(err)
+			}
+			s := &dialecttest.Store{Table: table, Inbox: schema + ".inbox", Count: func(t *testing.T, where string) int { return count(t, table, where) }}
 			switch driver {
 			case "pgxpool":
 				p := pgtest.Pool(t)

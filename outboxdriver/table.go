@@ -22,3 +22,6 @@ func ParseTable(s string) (Table, error) {
 
 // DefaultTable is the outbox table's name when none is given.
 const DefaultTable = "outbox"
+
+// DefaultInboxTable is the inbox table's name when none is given.
+const DefaultInboxTable = "inbox"

@@ -1,10 +1,12 @@
 package mysql_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/mysql"
+	"github.com/oncommit/oncommit/dialect/mysql/internal/mysqltest"
 	"github.com/oncommit/oncommit/internal/dialecttest"
 	"github.com/oncommit/oncommit/outbox"
 )
@@ -25,8 +27,12 @@ func harness() dialecttest.Harness {
 		Parallel: true,
 		New: func(t testing.TB) *dialecttest.Store {
 			e := newEnv(t, nil, outbox.Config{})
+			if err := mysql.MigrateInbox(context.Background(), mysqltest.Admin(t), e.db+".inbox"); err != nil {
+				t.Fatal(err)
+			}
 			return &dialecttest.Store{
 				Table: e.table,
+				Inbox: e.db + ".inbox",
 				DB:    sqltx.FromDB(e.pool),
 				Begin: func(t *testing.T) dialecttest.Txn {
 					tx := e.begin(t)

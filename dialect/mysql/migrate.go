@@ -10,6 +10,7 @@ import (
 
 	"github.com/oncommit/oncommit/internal/migrate"
 	"github.com/oncommit/oncommit/migrations"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // MigrateLockTimeout is how long Migrate waits for another process's
@@ -28,11 +29,17 @@ const MigrateLockTimeout = 60 * time.Second
 // oncommit_migrations of the same database. A migration that fails half way
 // is not rolled back (MySQL cannot roll back DDL); its version is not
 // recorded.
-func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
+func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	t, migs, err := migrate.Prepare(migrations.MySQL(), table)
 	if err != nil {
 		return err
 	}
+	return migrateTable(ctx, db, t, migs)
+}
+
+// migrateTable applies migs to t on one connection holding a named lock
+// keyed on the table (see Migrate).
+func migrateTable(ctx context.Context, db *sql.DB, t outboxdriver.Table, migs []migrations.Migration) (err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)

@@ -19,11 +19,17 @@ import (
 // apply each migration exactly once: the others wait, then find nothing to do.
 // Applied versions are recorded in the table oncommit_migrations, in the
 // same schema. pgx users can pass stdlib.OpenDBFromPool(pool).
-func Migrate(ctx context.Context, db *sql.DB, table string) (err error) {
+func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	t, migs, err := migrate.Prepare(migrations.Postgres(), table)
 	if err != nil {
 		return err
 	}
+	return migrateTable(ctx, db, t, migs)
+}
+
+// migrateTable applies migs to t in one transaction under an advisory
+// lock keyed on the table (see Migrate).
+func migrateTable(ctx context.Context, db *sql.DB, t outboxdriver.Table, migs []migrations.Migration) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)

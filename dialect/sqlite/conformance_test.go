@@ -34,8 +34,12 @@ func harness() dialecttest.Harness {
 			if err := sqlite.Migrate(context.Background(), db, ""); err != nil {
 				t.Fatal(err)
 			}
+			if err := sqlite.MigrateInbox(context.Background(), db, ""); err != nil {
+				t.Fatal(err)
+			}
 			return &dialecttest.Store{
 				Table: "outbox",
+				Inbox: "inbox",
 				DB:    sqltx.FromDB(db),
 				Begin: func(t *testing.T) dialecttest.Txn {
 					tx, err := db.Begin()

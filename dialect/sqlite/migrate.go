@@ -27,6 +27,12 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	if err != nil {
 		return err
 	}
+	return migrateTable(ctx, db, t, migs)
+}
+
+// migrateTable applies migs to t under BEGIN IMMEDIATE, starting over
+// while SQLite answers busy (see Migrate).
+func migrateTable(ctx context.Context, db *sql.DB, t outboxdriver.Table, migs []migrations.Migration) (err error) {
 	if t.Schema != "" {
 		return &outboxdriver.ConfigError{Field: "Table", Reason: "SQLite tables cannot be schema-qualified"}
 	}

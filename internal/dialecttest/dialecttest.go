@@ -39,6 +39,8 @@ type Store struct {
 	Begin func(t *testing.T) Txn
 	// Count counts the rows of the table matching where (SQL, literals only).
 	Count func(t *testing.T, where string) int
+	// Inbox is a migrated inbox table for outbox.InboxConfig.Table.
+	Inbox string
 }
 
 // Harness is one dialect and driver pair.
@@ -112,7 +114,7 @@ func Run(t *testing.T, h Harness) {
 		{"RelayStats", relayStats},
 		{"RetryAtClamped", retryAtClamped},
 		{"UnlimitedAttempts", unlimitedAttempts},
-	}, append(batchCases, inspectCases...)...))
+	}, append(batchCases, append(inspectCases, inboxCases...)...)...))
 	runOrdered(t, h)
 }
 

@@ -254,5 +254,50 @@ func RunSqlmockKit(t *testing.T, d outbox.Dialect) {
 				}
 			})
 		}
+		t.Run(qm.name+"/inbox", func(t *testing.T) { sqlmockInbox(t, d, qm.m) })
+	}
+}
+
+// sqlmockInbox: the inbox's expectations match Record's statement: new,
+// repeat, a database error (classified, still the driver's error), and
+// refused input that sends nothing.
+func sqlmockInbox(t *testing.T, d outbox.Dialect, m sqlmock.QueryMatcher) {
+	ib, err := outbox.NewInbox(d, outbox.InboxConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	lost := errors.New("connection reset by peer")
+	mock.ExpectBegin()
+	outboxtest.ExpectRecord(mock, ib, "billing", "m-1", true)
+	outboxtest.ExpectRecord(mock, ib, "billing", "m-1", false)
+	outboxtest.ExpectRecord(mock, ib, "", "m-1", true) // refused: nothing
+	outboxtest.ExpectRecordError(mock, ib, "billing", "m-2", lost)
+	mock.ExpectRollback()
+	ctx := context.Background()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if fresh, err := ib.Record(ctx, sqltx.From(tx), "billing", "m-1"); err != nil || fresh != want {
+			t.Fatalf("record %d: %v %v, want %v", i, fresh, err, want)
+		}
+	}
+	if _, err := ib.Record(ctx, sqltx.From(tx), "", "m-1"); !errors.Is(err, outbox.ErrInvalidRecord) {
+		t.Fatalf("empty consumer: %v", err)
+	}
+	if _, err := ib.Record(ctx, sqltx.From(tx), "billing", "m-2"); !errors.Is(err, lost) {
+		t.Fatalf("failing record: %v", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
 	}
 }

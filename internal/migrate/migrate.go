@@ -28,6 +28,20 @@ func Prepare(fsys fs.FS, table string) (outboxdriver.Table, []migrations.Migrati
 	return t, migs, err
 }
 
+// PrepareInbox validates table ("" means outboxdriver.DefaultInboxTable)
+// and loads the inbox migrations in fsys for it.
+func PrepareInbox(fsys fs.FS, table string) (outboxdriver.Table, []migrations.Migration, error) {
+	if table == "" {
+		table = outboxdriver.DefaultInboxTable
+	}
+	t, err := outboxdriver.ParseTable(table)
+	if err != nil {
+		return outboxdriver.Table{}, nil, err
+	}
+	migs, err := migrations.LoadInbox(fsys, t.String())
+	return t, migs, err
+}
+
 // Execer is a *sql.Tx, or a *sql.Conn inside a transaction or holding a
 // lock.
 type Execer interface {
