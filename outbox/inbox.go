@@ -81,8 +81,10 @@ type InboxConfig struct {
 // instead, with an error wrapping [ErrRetryTx] (run the whole transaction
 // again: it then sees a repeat); on SQLite a second writer waits for the
 // write lock up to the busy timeout, then fails with [ErrRetryTx]. Under
-// READ COMMITTED (PostgreSQL's default) and on MySQL and MariaDB the
-// waiting transaction is not aborted.
+// READ COMMITTED (PostgreSQL's default) the waiting transaction is not
+// aborted. On MySQL and MariaDB neither is one waiter; when several wait
+// for a transaction that rolls back, one records the id and InnoDB may end
+// another with a deadlock ([ErrRetryTx]: its transaction is rolled back).
 //
 // An Inbox is safe for concurrent use.
 type Inbox struct {

@@ -78,7 +78,8 @@ type Outcome struct {
 
 // Consume applies the messages of c, a JetStream consumer with explicit
 // acknowledgements, once each, until ctx ends (returning nil) or c's
-// messages cannot be read (returning the error). For each message it
+// messages can no longer be read: the consumer was deleted, or the
+// connection closed for good (returning the error). For each message it
 // begins a transaction with b, records the message's Nats-Msg-Id (the
 // outbox id our forwarder sets) in ib under cfg.Name, calls fn with the
 // transaction for a new id, commits, and only then acknowledges. A repeat
@@ -126,7 +127,8 @@ func Consume[T any](ctx context.Context, c jetstream.Consumer, ib *outbox.Inbox,
 			if ctx.Err() != nil {
 				return nil
 			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+				errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, nats.ErrConnectionClosed) {
 				return fmt.Errorf("natsfwd: consume: %w", err)
 			}
 			// A missed heartbeat or a reconnect: the iterator goes on.

@@ -309,3 +309,27 @@ func TestConsumeConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumeDeleted: Consume returns an error once its consumer is
+// deleted, rather than waiting for good.
+func TestConsumeDeleted(t *testing.T) {
+	e := newConsumeEnv(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- natsfwd.Consume(context.Background(), e.cons, e.ib, e.b, natsfwd.ConsumeConfig{Name: "ledger", DeadLetter: func(context.Context, jetstream.Msg, error) error { return nil }},
+			func(context.Context, pgx.Tx, jetstream.Msg) error { return nil })
+	}()
+	time.Sleep(200 * time.Millisecond)
+	info := e.cons.CachedInfo()
+	if err := e.js.DeleteConsumer(context.Background(), info.Stream, info.Name); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Consume returned nil after its consumer was deleted")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Consume still runs 15 s after its consumer was deleted")
+	}
+}

@@ -1,0 +1,101 @@
+package main
+
+// -only inbox: what the inbox costs a consumer. The same consumer applies
+// messages to a ledger (one INSERT per message, in a transaction of its
+// own) with and without the inbox's record in that transaction
+// (outbox.Receive through pgxtx.NewBeginner), at 1 and 8 concurrent
+// workers, in interleaved rounds; it prints each side's medians and the
+// ratio inbox/plain.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/dialect/postgres"
+	"github.com/oncommit/oncommit/outbox"
+)
+
+func inboxBench(ctx context.Context, pool *pgxpool.Pool) {
+	const schema = "bench_inbox"
+	fmt.Printf("\n== inbox: a consumer applying messages to a ledger (1 INSERT per message, a transaction each), without and with the inbox's record; %d rounds (msg/s, higher is better)\n", *rounds)
+	for _, workers := range []int{1, 8} {
+		n := 4000 * workers
+		if workers > 1 {
+			n = 20000
+		}
+		rates := map[string][]float64{}
+		for round := 1; round <= *rounds; round++ {
+			for _, side := range []string{"plain", "inbox"} {
+				_, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+				check(err)
+				_, err = pool.Exec(ctx, `CREATE SCHEMA `+schema)
+				check(err)
+				db := openDB(pool)
+				check(postgres.MigrateInbox(ctx, db, schema+".inbox"))
+				db.Close()
+				_, err = pool.Exec(ctx, `CREATE TABLE `+schema+`.ledger (message_id text NOT NULL, amount int NOT NULL)`)
+				check(err)
+				_, err = pool.Exec(ctx, `CHECKPOINT`)
+				check(err)
+				ib, err := outbox.NewInbox(postgres.Dialect(), outbox.InboxConfig{Table: schema + ".inbox"})
+				check(err)
+				ids := make([]string, n)
+				for i := range ids {
+					ids[i] = outbox.NewID().String()
+				}
+				rate := inboxRun(ctx, pool, ib, side == "inbox", schema+".ledger", ids, workers)
+				rates[side] = append(rates[side], rate)
+				fmt.Printf("round %d workers %d %-5s %8.0f msg/s\n", round, workers, side, rate)
+			}
+		}
+		p, i := rates["plain"], rates["inbox"]
+		fmt.Printf("median, %d workers: plain %.0f msg/s (%.0f-%.0f), inbox %.0f msg/s (%.0f-%.0f); inbox/plain = %.2fx\n",
+			workers, median(p), slices.Min(p), slices.Max(p), median(i), slices.Min(i), slices.Max(i), median(i)/median(p))
+	}
+}
+
+// inboxRun applies ids with workers goroutines and returns messages per
+// second.
+func inboxRun(ctx context.Context, pool *pgxpool.Pool, ib *outbox.Inbox, withInbox bool, ledger string, ids []string, workers int) float64 {
+	insert := `INSERT INTO ` + ledger + ` (message_id, amount) VALUES ($1, 1)`
+	b := pgxtx.NewBeginner(pool, pgx.TxOptions{})
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := next.Add(1) - 1
+				if k >= int64(len(ids)) {
+					return
+				}
+				id := ids[k]
+				effect := func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, insert, id)
+					return err
+				}
+				if withInbox {
+					_, err := outbox.Receive(ctx, ib, b, "ledger", id, effect)
+					check(err)
+					continue
+				}
+				tx, err := pool.Begin(ctx)
+				check(err)
+				check(effect(ctx, tx))
+				check(tx.Commit(ctx))
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(len(ids)) / time.Since(t0).Seconds()
+}
