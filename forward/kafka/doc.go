@@ -34,6 +34,12 @@
 // independently (concurrent claims, separate backoffs) and may land in any
 // order.
 //
+// On the receiving side, [Consume] applies each record once through an
+// outbox.Inbox keyed by its oncommit-id header, in the consumer's own
+// transaction, and commits a record's offset only after that transaction
+// committed (or the record was dead-lettered): a record delivered again
+// (a lost commit, a rebalance) is found a repeat.
+//
 // The client must produce idempotently with acks=all (franz-go's default;
 // New returns ErrNotDurable otherwise) and must not use kgo.ManualFlushing
 // (the forwarder never flushes).

@@ -14,10 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
-	"github.com/oncommit/oncommit/dialect/postgres"
 	natsfwd "github.com/oncommit/oncommit/forward/nats"
 	"github.com/oncommit/oncommit/internal/fwdtest"
-	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -99,19 +97,8 @@ func newConsumeEnv(t *testing.T) consumeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	schema := pgtest.Schema(t)
-	if err := postgres.MigrateInbox(context.Background(), pgtest.Admin(t), schema+".inbox"); err != nil {
-		t.Fatal(err)
-	}
-	ledger := schema + ".ledger"
-	if _, err := pgtest.Admin(t).Exec(`CREATE TABLE ` + ledger + ` (id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	ib, err := outbox.NewInbox(postgres.Dialect(), outbox.InboxConfig{Table: schema + ".inbox"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return consumeEnv{js: js, cons: cons, subj: subj("orders"), ib: ib, b: pgxtx.NewBeginner(pgtest.Pool(t), pgx.TxOptions{}), ledger: ledger}
+	l := fwdtest.NewLedger(t)
+	return consumeEnv{js: js, cons: cons, subj: subj("orders"), ib: l.Inbox, b: l.Begin, ledger: l.Table}
 }
 
 func (e consumeEnv) publish(t *testing.T, id string) {
@@ -127,20 +114,7 @@ func (e consumeEnv) publish(t *testing.T, id string) {
 
 func (e consumeEnv) ledgerRows(t *testing.T) []string {
 	t.Helper()
-	rows, err := pgtest.Admin(t).Query(`SELECT id FROM ` + e.ledger + ` ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	return ids
+	return fwdtest.Ledger{Table: e.ledger}.Rows(t)
 }
 
 // outcomes collects a consumer's outcomes.

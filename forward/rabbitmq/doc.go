@@ -9,7 +9,9 @@
 // and before it wrote the outcome publishes the message again, with the
 // same message-id. Consumers deduplicate on the message-id (a processed-ids
 // table written in the consumer's own transaction, or an idempotent
-// effect); docs/forwarding.md shows how.
+// effect); docs/forwarding.md shows how. [Consume] is such a consumer: it
+// applies each message once through an outbox.Inbox, and dead-letters a
+// message that keeps failing.
 //
 // It lives in a module of its own (github.com/oncommit/oncommit/forward/rabbitmq),
 // so that a service that does not import it gets no AMQP module.

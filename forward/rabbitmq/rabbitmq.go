@@ -145,9 +145,7 @@ func New(url string, cfg Config) (*Forwarder, error) {
 		cfg.ConfirmTimeout = DefaultConfirmTimeout
 	}
 	if cfg.Dial == nil {
-		cfg.Dial = func(url string) (*amqp.Connection, error) {
-			return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(DefaultDialTimeout)})
-		}
+		cfg.Dial = defaultDial
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -413,4 +411,10 @@ func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
 			return nil
 		}, nil
 	})
+}
+
+// defaultDial is Config.Dial's and ConsumeConfig.Dial's default: the
+// library's dial with DefaultDialTimeout for the TCP connection.
+func defaultDial(url string) (*amqp.Connection, error) {
+	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(DefaultDialTimeout)})
 }
