@@ -206,9 +206,9 @@ func Receive[T any](ctx context.Context, ib *Inbox, b outboxdriver.Beginner[T], 
 	if err := checkRecord("ID", id, MaxInboxIDBytes); err != nil {
 		return false, err
 	}
-	tx, err := b.Begin(ctx)
-	if err != nil {
-		return false, wrapOp(ctx, "inbox receive", ib.d.Classify(err))
+	tx, fresh, err := begin(ctx, ib, b, consumer, id)
+	if err != nil || !fresh {
+		return false, err
 	}
 	done := false
 	defer func() {
@@ -216,10 +216,6 @@ func Receive[T any](ctx context.Context, ib *Inbox, b outboxdriver.Beginner[T], 
 			_ = b.Rollback(context.WithoutCancel(ctx), tx)
 		}
 	}()
-	fresh, err := ib.Record(ctx, b.Tx(tx), consumer, id)
-	if err != nil || !fresh {
-		return false, err
-	}
 	if err := effect(ctx, tx); err != nil {
 		return false, err
 	}
@@ -228,6 +224,35 @@ func Receive[T any](ctx context.Context, ib *Inbox, b outboxdriver.Beginner[T], 
 		return false, wrapOp(ctx, "inbox receive", ib.d.Classify(err))
 	}
 	return true, nil
+}
+
+// begin begins Receive's transaction and records the id in it: in the
+// round trip of BEGIN where the Beginner and the dialect can
+// (BeginnerWith, InboxBeginDialect: pgx on PostgreSQL), else with Record.
+// It returns a transaction only for a new id; for a repeat, and on error,
+// the transaction has ended.
+func begin[T any](ctx context.Context, ib *Inbox, b outboxdriver.Beginner[T], consumer, id string) (tx T, fresh bool, err error) {
+	bw, okb := b.(outboxdriver.BeginnerWith[T])
+	lit, okd := ib.d.(outboxdriver.InboxBeginDialect)
+	if okb && okd {
+		tx, err = bw.BeginWith(ctx, lit.InboxRecordLiteral(ib.table, consumer, id))
+		switch {
+		case err == nil:
+			return tx, true, nil
+		case lit.IsInboxRepeat(err):
+			return tx, false, nil
+		default:
+			return tx, false, wrapOp(ctx, "inbox receive", ib.d.Classify(err))
+		}
+	}
+	if tx, err = b.Begin(ctx); err != nil {
+		return tx, false, wrapOp(ctx, "inbox receive", ib.d.Classify(err))
+	}
+	if fresh, err = ib.Record(ctx, b.Tx(tx), consumer, id); err != nil || !fresh {
+		_ = b.Rollback(context.WithoutCancel(ctx), tx)
+		return tx, false, err
+	}
+	return tx, true, nil
 }
 
 // InboxHandler returns a relay [Handler] that applies a message's local

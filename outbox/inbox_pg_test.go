@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/internal/pgtest"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 // pgInbox migrates an inbox and a ledger table in a fresh schema.
@@ -123,5 +125,87 @@ func assertLedger(t *testing.T, ledger string, want int) {
 	}
 	if n != want {
 		t.Fatalf("ledger has %d entries, want %d", n, want)
+	}
+}
+
+// TestInboxBeginWith: through pgxtx.NewBeginner the record travels with
+// BEGIN (one round trip fewer). The same promises hold: new, repeat,
+// ids that need quoting stored byte for byte (and seen as repeats by the
+// parameterised Record), a failed effect keeps nothing, a concurrent
+// duplicate waits and then sees a repeat, and every connection goes back
+// to the pool, a repeat's too.
+func TestInboxBeginWith(t *testing.T) {
+	ib, ledger := pgInbox(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	b := pgxtx.NewBeginner(pool, pgx.TxOptions{})
+	effect := func(id string) func(context.Context, pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, 1)`, id)
+			return err
+		}
+	}
+	ids := []string{"m-1", `a'b\c`, `\'); DROP TABLE x; --`, "é\u0301 ", `\\'\'`}
+	for round := range 2 {
+		for _, id := range ids {
+			applied, err := outbox.Receive(ctx, ib, b, "c", id, effect(id))
+			if err != nil || applied != (round == 0) {
+				t.Fatalf("round %d, %q: applied %v, err %v", round, id, applied, err)
+			}
+		}
+	}
+	for _, id := range ids {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh, err := ib.Record(ctx, pgxtx.From(tx), "c", id)
+		_ = tx.Rollback(ctx)
+		if err != nil || fresh {
+			t.Fatalf("Record(%q) after Receive: fresh %v, err %v; the literal stored other bytes", id, fresh, err)
+		}
+	}
+	assertLedger(t, ledger, len(ids))
+	boom := errors.New("boom")
+	if _, err := outbox.Receive(ctx, ib, b, "c", "m-2", func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("failing effect: %v", err)
+	}
+	if applied, err := outbox.Receive(ctx, ib, b, "c", "m-2", effect("m-2")); err != nil || !applied {
+		t.Fatalf("after a failed effect: %v %v", applied, err)
+	}
+
+	// A concurrent duplicate: the second waits for the first, then sees
+	// a repeat (first committed) or applies (first rolled back).
+	for _, commit := range []bool{true, false} {
+		id := fmt.Sprintf("race-%v", commit)
+		first, err := b.BeginWith(ctx, postgres.Dialect().(outboxdriver.InboxBeginDialect).InboxRecordLiteral(ib.Table(), "c", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		var applied bool
+		go func() {
+			var err error
+			applied, err = outbox.Receive(ctx, ib, b, "c", id, effect(id))
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			t.Fatalf("the second did not wait: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		end := first.Rollback
+		if commit {
+			end = first.Commit
+		}
+		if err := end(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil || applied == commit {
+			t.Fatalf("first committed %v: second applied %v, err %v", commit, applied, err)
+		}
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired", n)
 	}
 }

@@ -59,3 +59,26 @@ type Beginner[T any] interface {
 	// Commit.
 	Rollback(ctx context.Context, tx T) error
 }
+
+// InboxBeginDialect is implemented by an [InboxDialect] whose record can
+// travel with the statement that begins the transaction, in one round
+// trip (PostgreSQL's simple query protocol takes several statements): the
+// outbox package's Receive then begins with [BeginnerWith.BeginWith].
+type InboxBeginDialect interface {
+	// InboxRecordLiteral returns an INSERT of (consumer, id) into t with
+	// both as literals and no duplicate clause: a repeat fails with the
+	// error IsInboxRepeat recognises. consumer and id are valid UTF-8
+	// without NUL bytes.
+	InboxRecordLiteral(t Table, consumer, id string) string
+	// IsInboxRepeat reports whether err is that statement's duplicate-key
+	// error.
+	IsInboxRepeat(err error) bool
+}
+
+// BeginnerWith is implemented by a [Beginner] that can send a statement in
+// the round trip that begins the transaction (pgxtx.Beginner).
+type BeginnerWith[T any] interface {
+	// BeginWith begins a transaction and runs stmt in it. When stmt fails
+	// it rolls the transaction back and returns stmt's error.
+	BeginWith(ctx context.Context, stmt string) (T, error)
+}

@@ -69,4 +69,74 @@ func (Beginner) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(
 // Rollback rolls tx back.
 func (Beginner) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
 
-var _ outboxdriver.Beginner[pgx.Tx] = Beginner{}
+// BeginWith begins a transaction and runs stmt in it in one round trip
+// (BEGIN and stmt as one simple-protocol query), for the inbox's record
+// (outboxdriver.BeginnerWith). When stmt fails it rolls back, returns the
+// connection to the pool and returns stmt's error.
+func (b Beginner) BeginWith(ctx context.Context, stmt string) (pgx.Tx, error) {
+	c, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	opts := b.opts
+	opts.BeginQuery = beginSQL(b.opts) + "; " + stmt
+	tx, err := c.Conn().BeginTx(ctx, opts)
+	if err != nil {
+		if c.Conn().PgConn().TxStatus() != 'I' && !c.Conn().IsClosed() {
+			_, _ = c.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		c.Release()
+		return nil, err
+	}
+	return &pooledTx{Tx: tx, c: c}, nil
+}
+
+// beginSQL is the statement that begins a transaction with opts, as pgx
+// writes it.
+func beginSQL(opts pgx.TxOptions) string {
+	if opts.BeginQuery != "" {
+		return opts.BeginQuery
+	}
+	s := "begin"
+	if opts.IsoLevel != "" {
+		s += " isolation level " + string(opts.IsoLevel)
+	}
+	if opts.AccessMode != "" {
+		s += " " + string(opts.AccessMode)
+	}
+	if opts.DeferrableMode != "" {
+		s += " " + string(opts.DeferrableMode)
+	}
+	return s
+}
+
+// pooledTx is a transaction on a connection acquired from the pool, which
+// it returns when it ends (as pgxpool's own transactions do).
+type pooledTx struct {
+	pgx.Tx
+	c *pgxpool.Conn
+}
+
+func (t *pooledTx) Commit(ctx context.Context) error {
+	err := t.Tx.Commit(ctx)
+	t.release()
+	return err
+}
+
+func (t *pooledTx) Rollback(ctx context.Context) error {
+	err := t.Tx.Rollback(ctx)
+	t.release()
+	return err
+}
+
+func (t *pooledTx) release() {
+	if t.c != nil {
+		t.c.Release()
+		t.c = nil
+	}
+}
+
+var (
+	_ outboxdriver.Beginner[pgx.Tx]     = Beginner{}
+	_ outboxdriver.BeginnerWith[pgx.Tx] = Beginner{}
+)
