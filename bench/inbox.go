@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"flag"
 	"fmt"
 	"slices"
 	"sync"
@@ -20,13 +22,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncommit/oncommit/adapters/pgxtx"
+	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/outbox"
 )
 
+var inboxSQL = flag.Bool("inbox-sql", false, "inbox: both sides on database/sql (pgx's stdlib driver, sqltx.NewBeginner) instead of native pgx")
+
 func inboxBench(ctx context.Context, pool *pgxpool.Pool) {
 	const schema = "bench_inbox"
-	fmt.Printf("\n== inbox: a consumer applying messages to a ledger (1 INSERT per message, a transaction each), without and with the inbox's record; %d rounds (msg/s, higher is better)\n", *rounds)
+	driver := "pgx (pgxtx.NewBeginner)"
+	if *inboxSQL {
+		driver = "database/sql (sqltx.NewBeginner, pgx's stdlib driver)"
+	}
+	fmt.Printf("\n== inbox: a consumer applying messages to a ledger (1 INSERT per message, a transaction each), without and with the inbox's record, on %s; %d rounds (msg/s, higher is better)\n", driver, *rounds)
 	for _, workers := range []int{1, 8} {
 		n := 8000
 		if workers > 1 {
@@ -71,6 +80,11 @@ func inboxBench(ctx context.Context, pool *pgxpool.Pool) {
 // second.
 func inboxRun(ctx context.Context, pool *pgxpool.Pool, ib *outbox.Inbox, withInbox bool, ledger string, ids []string, workers int) float64 {
 	insert := `INSERT INTO ` + ledger + ` (message_id, amount) VALUES ($1, 1)`
+	if *inboxSQL {
+		db := openDB(pool)
+		defer db.Close()
+		return inboxRunSQL(ctx, db, ib, withInbox, insert, ids, workers)
+	}
 	b := pgxtx.NewBeginner(pool, pgx.TxOptions{})
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -98,6 +112,42 @@ func inboxRun(ctx context.Context, pool *pgxpool.Pool, ib *outbox.Inbox, withInb
 				check(err)
 				check(effect(ctx, tx))
 				check(tx.Commit(ctx))
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(len(ids)) / time.Since(t0).Seconds()
+}
+
+// inboxRunSQL is inboxRun on database/sql.
+func inboxRunSQL(ctx context.Context, db *sql.DB, ib *outbox.Inbox, withInbox bool, insert string, ids []string, workers int) float64 {
+	b := sqltx.NewBeginner(db, nil)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := next.Add(1) - 1
+				if k >= int64(len(ids)) {
+					return
+				}
+				id := ids[k]
+				effect := func(ctx context.Context, tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, insert, id)
+					return err
+				}
+				if withInbox {
+					_, err := outbox.Receive(ctx, ib, b, "ledger", id, effect)
+					check(err)
+					continue
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				check(err)
+				check(effect(ctx, tx))
+				check(tx.Commit())
 			}
 		}()
 	}
