@@ -75,6 +75,9 @@ type summary struct {
 	failed   []string
 	skipped  map[string][]skip // by reason
 	topLevel int
+	// figures are the lines tests print for the summary (starting
+	// "e2e "): the end-to-end chaos tests' counts.
+	figures []string
 }
 
 func newSummary(w io.Writer, expect []expectation) *summary {
@@ -144,6 +147,9 @@ func (s *summary) line(raw string) {
 		}
 	case "output":
 		t.output = keep(t.output, e.Output)
+		if strings.HasPrefix(e.Output, figurePrefix) {
+			s.figures = append(s.figures, short(e.Package)+": "+strings.TrimSpace(e.Output))
+		}
 	case "pass":
 		s.passed++
 		delete(s.tests, [2]string{e.Package, e.Test})
@@ -231,6 +237,9 @@ func short(pkg string) string {
 	return pkg
 }
 
+// figurePrefix starts a line a test prints for the summary.
+const figurePrefix = "e2e "
+
 // report prints the summary and returns whether the run is good.
 func (s *summary) report(tier string) bool {
 	w := s.w
@@ -268,6 +277,13 @@ func (s *summary) report(tier string) bool {
 		fmt.Fprintln(w, "slowest packages:")
 		for _, p := range slowest[:min(8, len(slowest))] {
 			fmt.Fprintf(w, "  %7.1fs  %s\n", p.elapsed, short(p.name))
+		}
+	}
+
+	if len(s.figures) > 0 {
+		fmt.Fprintln(w, "figures:")
+		for _, f := range s.figures {
+			fmt.Fprintf(w, "  %s\n", f)
 		}
 	}
 

@@ -131,3 +131,17 @@ func slicesOf(s string, subs ...string) []string {
 	}
 	return out
 }
+
+// TestSummaryFigures: a line a test prints starting "e2e " is shown in the
+// summary, with its package.
+func TestSummaryFigures(t *testing.T) {
+	in := `{"Action":"run","Package":"github.com/oncommit/oncommit/forward/nats","Test":"TestE2E"}
+{"Action":"output","Package":"github.com/oncommit/oncommit/forward/nats","Test":"TestE2E","Output":"e2e TestHelperE2E: 5000 published, 0 lost\n"}
+{"Action":"pass","Package":"github.com/oncommit/oncommit/forward/nats","Test":"TestE2E","Elapsed":14}
+{"Action":"pass","Package":"github.com/oncommit/oncommit/forward/nats","Elapsed":15}
+`
+	out, good := run(t, in)
+	if !good || !strings.Contains(out, "figures:\n  ./forward/nats: e2e TestHelperE2E: 5000 published, 0 lost\n") {
+		t.Fatalf("good %v, summary:\n%s", good, out)
+	}
+}
