@@ -42,10 +42,12 @@ type ConsumeConfig struct {
 	RetryDelay time.Duration
 
 	// DeadLetterTopic, when set, is where a record that failed MaxAttempts
-	// times, or has no oncommit-id header, is produced with the consuming
-	// client, synchronously: its key, value and headers, with
-	// DeadReasonHeader added and IDHeader suffixed with "/dead". Its
-	// offset is committed only once Kafka acknowledged the dead letter.
+	// times, or has no id (no oncommit-id, ce_id or id header; see
+	// Consume), is produced with the consuming client, synchronously: its
+	// key, value and headers, with DeadReasonHeader added and IDHeader set
+	// to its id suffixed with "/dead" (none for a record without an id).
+	// Its offset is committed only once Kafka acknowledged the dead
+	// letter.
 	DeadLetterTopic string
 
 	// DeadLetter, when set, is called instead with such a record and why
@@ -66,7 +68,7 @@ type ConsumeConfig struct {
 
 // Outcome is what [Consume] did with one attempt of a record.
 type Outcome struct {
-	ID        string // the oncommit-id header; "" when the record had none
+	ID        string // the record's id (see Consume); "" when it had none
 	Topic     string
 	Partition int32
 	Offset    int64
@@ -84,10 +86,17 @@ type Outcome struct {
 
 // Consume applies the records that client fetches, once each, until ctx
 // ends (returning nil) or the client is closed (returning an error). For
-// each record it begins a transaction with b, records the record's
-// oncommit-id header (IDHeader, set by our forwarder) in ib under
-// cfg.Name, calls fn with the transaction for a new id, and commits. A
-// repeat is skipped without calling fn. After each poll's records are
+// each record it begins a transaction with b, records the record's id in
+// ib under cfg.Name, calls fn with the transaction for a new id, and
+// commits. A repeat is skipped without calling fn.
+//
+// A record's id is its oncommit-id header (IDHeader, which our forwarder
+// sets in both modes); without one, its ce_id header (the id of a
+// CloudEvent in the Kafka binding's binary content mode, so that a
+// CloudEvents stream of another producer deduplicates too); without that,
+// its id header (as CDC outbox routers set it). The first header of the
+// name counts; names are matched exactly (Kafka header names are case
+// sensitive). A record with none of them is dead-lettered at once. After each poll's records are
 // applied (or dead-lettered), it commits their offsets to Kafka.
 //
 // client is the caller's: a consumer group member (kgo.ConsumerGroup,
@@ -241,12 +250,30 @@ func markRewind(rewind map[string]map[int32]kgo.EpochOffset, r *kgo.Record) {
 	rewind[r.Topic][r.Partition] = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset}
 }
 
-// idOf returns r's first IDHeader value, or "".
+// idOf returns r's deduplication id: its first IDHeader (oncommit-id)
+// value, else its first ce_id value (a CloudEvent in binary content mode),
+// else its first id value, else "".
 func idOf(r *kgo.Record) string {
-	for _, h := range r.Headers {
-		if h.Key == IDHeader {
+	var ceID, id *kgo.RecordHeader
+	for i := range r.Headers {
+		switch h := &r.Headers[i]; h.Key {
+		case IDHeader:
 			return string(h.Value)
+		case "ce_id":
+			if ceID == nil {
+				ceID = h
+			}
+		case "id":
+			if id == nil {
+				id = h
+			}
 		}
+	}
+	switch {
+	case ceID != nil:
+		return string(ceID.Value)
+	case id != nil:
+		return string(id.Value)
 	}
 	return ""
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,19 +26,31 @@ const DefaultAckTimeout = 10 * time.Second
 // rabbitmq).
 var ErrAckTimeout = fwd.ErrAckTimeout
 
-// Record headers the forwarder sets on every record; a message header of
-// the same name is replaced.
+// Record headers the forwarder sets (see [Config.CloudEvents] for which
+// in each mode). A message header whose name one of them could take is
+// dropped (see [Forwarder.Handler]).
 const (
 	// IDHeader carries the outbox message id, the same on every produce
-	// of one message: the key consumers deduplicate by.
+	// of one message: the key consumers deduplicate by. Set in both
+	// modes; in plain mode the header id carries it too, in CloudEvents
+	// mode ce_id.
 	IDHeader = "oncommit-id"
 
 	// CreatedAtHeader carries the message's publish time
 	// (outbox.Delivery.CreatedAt, on the database clock) in RFC 3339 with
 	// nanoseconds, in UTC (time.RFC3339Nano), the same on every produce of
 	// one message. The record's own timestamp is the time it was
-	// produced.
+	// produced. Plain mode only: in CloudEvents mode ce_time carries it.
 	CreatedAtHeader = "oncommit-created-at"
+
+	// TypeHeader carries the message's outbox topic (the event type; the
+	// Kafka topic may differ, see Config.Topic). Plain mode only: in
+	// CloudEvents mode ce_type carries it.
+	TypeHeader = "oncommit-type"
+
+	// SourceHeader carries Config.Source. Plain mode only: in CloudEvents
+	// mode ce_source carries it.
+	SourceHeader = "oncommit-source"
 )
 
 // Config configures a [Forwarder]. The zero value works.
@@ -53,6 +67,50 @@ type Config struct {
 	// can. Keep it below the relay's Lease. Defaults to DefaultAckTimeout
 	// (10s).
 	AckTimeout time.Duration
+
+	// Source names the producing service in every record's envelope: the
+	// oncommit-source header in plain mode, ce_source in CloudEvents mode
+	// (a URI reference, such as "/orders" or "urn:orders", as CloudEvents
+	// wants). Defaults to "oncommit".
+	Source string
+
+	// CloudEvents selects the records' envelope. Every record's key is the
+	// message's key (none without one) and its value the payload; its
+	// headers are, in this order:
+	//
+	// Plain mode (false, the default):
+	//
+	//	oncommit-id          the outbox message id (IDHeader: Consume's dedup key)
+	//	id                   the same id, for consumers that look for "id"
+	//	content-type         application/json (absent for a message without a payload)
+	//	oncommit-type        the message's outbox topic (TypeHeader)
+	//	oncommit-source      Config.Source (SourceHeader)
+	//	oncommit-created-at  the message's CreatedAt, RFC 3339 in UTC (CreatedAtHeader)
+	//
+	// CloudEvents mode (true): a CloudEvent in binary content mode, as the
+	// CloudEvents Kafka protocol binding maps it, every attribute a ce_
+	// header with its UTF-8 value:
+	//
+	//	oncommit-id          the outbox message id (IDHeader: Consume's dedup key)
+	//	ce_id                the same id
+	//	ce_source            Config.Source
+	//	ce_specversion       1.0
+	//	ce_type              the message's outbox topic
+	//	ce_time              the message's CreatedAt, RFC 3339 in UTC
+	//	ce_partitionkey      the message's key (absent without one; the record key is the same)
+	//	content-type         the datacontenttype, application/json (absent for a message without a payload)
+	//
+	// In both modes the message's own headers follow, sorted by name,
+	// except those whose names the forwarder's headers take in either
+	// mode: id, content-type and every name starting with oncommit- or
+	// ce_, in any case. Those are dropped (logged on Logger), so that
+	// message data cannot forge the envelope, and a record carries the
+	// same message headers whichever the mode.
+	CloudEvents bool
+
+	// Logger receives a line per message header dropped (see
+	// [Forwarder.Handler]). Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // ConfigError reports an invalid [Config] field or argument of [New].
@@ -66,8 +124,9 @@ func (e *ConfigError) Error() string { return "kafka: Config." + e.Field + " " +
 // Forwarder produces outbox messages to Kafka. Build it with [New] and
 // register [Forwarder.Handler] on a relay.
 type Forwarder struct {
-	client *kgo.Client
-	cfg    Config
+	client  *kgo.Client
+	cfg     Config
+	headers fwd.Headers
 }
 
 // ErrNotDurable is returned by [New] for a client whose records Kafka may
@@ -90,6 +149,12 @@ func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = DefaultAckTimeout
 	}
+	if cfg.Source == "" {
+		cfg.Source = fwd.DefaultSource
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	acks, _ := client.OptValue(kgo.RequiredAcks).(kgo.Acks)
 	if acks != kgo.AllISRAcks() {
 		return nil, fmt.Errorf("%w: RequiredAcks is not AllISRAcks", ErrNotDurable)
@@ -100,7 +165,17 @@ func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
 	if off, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); off {
 		return nil, fmt.Errorf("%w: DisableIdempotentWrite is set", ErrNotDurable)
 	}
-	return &Forwarder{client: client, cfg: cfg}, nil
+	f := &Forwarder{client: client, cfg: cfg}
+	f.headers = fwd.Headers{Reserved: reserved, Logger: cfg.Logger,
+		Msg: "kafka: dropped a message header whose name the forwarder's envelope takes (id, content-type, an oncommit- or ce_ name); later drops of this name are logged at debug level"}
+	return f, nil
+}
+
+// reserved reports whether the forwarder drops a message header of this
+// name: one its envelope takes in either mode (see Config.CloudEvents).
+func reserved(name string) bool {
+	return strings.EqualFold(name, "id") || strings.EqualFold(name, "content-type") ||
+		fwd.HasPrefixFold(name, "oncommit-") || fwd.HasPrefixFold(name, "ce_")
 }
 
 // Handler returns the batch handler that forwards a batch: it produces the
@@ -116,6 +191,13 @@ func New(client *kgo.Client, cfg Config) (*Forwarder, error) {
 // not produced). When ctx ends first (the relay lost a lease or is
 // shutting down), the records not acknowledged yet get an error wrapping
 // ctx's: they are not settled done and are delivered again.
+//
+// Each record carries the envelope of Config.CloudEvents and the
+// message's headers, except those named id or content-type or starting
+// with oncommit- or ce_ (in any case), which the envelope takes: they are
+// dropped, so that message data cannot forge a record's id, type, source
+// or time. A drop is logged on Config.Logger, at warning level the first
+// time a name is dropped and at debug level after that.
 func (f *Forwarder) Handler() outbox.BatchHandler {
 	return func(ctx context.Context, ds []outbox.Delivery) []error {
 		if len(ds) == 0 {
@@ -138,7 +220,7 @@ func (f *Forwarder) Handler() outbox.BatchHandler {
 		// Every record is built here, on the relay's goroutine (its
 		// recover covers Config.Topic), before any is produced.
 		for i := range ds {
-			b.recs[i], b.recErrs[i] = f.record(&ds[i])
+			b.recs[i], b.recErrs[i] = f.record(ctx, &ds[i])
 		}
 		for i := range ds {
 			if first[i] {
@@ -221,8 +303,9 @@ func (b *batch) fail(i int, err error) {
 	}
 }
 
-// record builds the record of d.
-func (f *Forwarder) record(d *outbox.Delivery) (*kgo.Record, error) {
+// record builds the record of d: the envelope of Config.CloudEvents, then
+// d's headers that reserved does not take, sorted.
+func (f *Forwarder) record(ctx context.Context, d *outbox.Delivery) (*kgo.Record, error) {
 	topic := d.Topic
 	if f.cfg.Topic != nil {
 		if topic = f.cfg.Topic(d.Topic); topic == "" {
@@ -233,22 +316,40 @@ func (f *Forwarder) record(d *outbox.Delivery) (*kgo.Record, error) {
 	// measures RecordDeliveryTimeout from the record's timestamp, so the
 	// publish time there would fail at once every record of a message
 	// older than that timeout (a backlog, a delayed message, a retry).
-	r := &kgo.Record{Topic: topic, Value: d.Payload, Headers: make([]kgo.RecordHeader, 0, 2+len(d.Headers))}
+	r := &kgo.Record{Topic: topic, Value: d.Payload, Headers: make([]kgo.RecordHeader, 0, 8+len(d.Headers))}
 	if d.Key != "" {
 		r.Key = []byte(d.Key)
 	}
-	r.Headers = append(r.Headers,
-		kgo.RecordHeader{Key: IDHeader, Value: []byte(d.ID.String())},
-		kgo.RecordHeader{Key: CreatedAtHeader, Value: d.CreatedAt.UTC().AppendFormat(nil, time.RFC3339Nano)})
+	e := fwd.EnvelopeOf(d, f.cfg.Source)
+	add := func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(IDHeader, e.ID)
+	if f.cfg.CloudEvents {
+		// Binary content mode (CloudEvents Kafka protocol binding): each
+		// attribute a ce_ header, datacontenttype the content-type header.
+		for _, a := range e.CloudEvents() {
+			add("ce_"+a.Name, a.Value)
+		}
+		if e.ContentType != "" {
+			add("content-type", e.ContentType)
+		}
+	} else {
+		add("id", e.ID)
+		if e.ContentType != "" {
+			add("content-type", e.ContentType)
+		}
+		add(TypeHeader, e.Type)
+		add(SourceHeader, e.Source)
+		add(CreatedAtHeader, e.Time)
+	}
 	names := make([]string, 0, len(d.Headers))
 	for k := range d.Headers {
-		if k != IDHeader && k != CreatedAtHeader {
-			names = append(names, k)
-		}
+		names = append(names, k)
 	}
 	slices.Sort(names) // the same order on every produce of the message
 	for _, k := range names {
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(d.Headers[k])})
+		if f.headers.Keep(ctx, d, k) {
+			add(k, d.Headers[k])
+		}
 	}
 	return r, nil
 }

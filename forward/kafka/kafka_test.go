@@ -173,6 +173,15 @@ func header(r *kgo.Record, key string) (string, bool) {
 	return "", false
 }
 
+// headerKeys returns r's header names in order, space-separated.
+func headerKeys(r *kgo.Record) string {
+	ks := make([]string, len(r.Headers))
+	for i, h := range r.Headers {
+		ks[i] = h.Key
+	}
+	return strings.Join(ks, " ")
+}
+
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	dialecttest.Eventually(t, within, what, cond)
@@ -232,8 +241,14 @@ func TestForwardEveryMessage(t *testing.T) {
 		if r.Topic != topic || string(r.Key) != m.Key || strings.ReplaceAll(string(r.Value), " ", "") != strings.ReplaceAll(string(m.Payload), " ", "") {
 			t.Errorf("record %s: topic %s key %s value %s, want %s %s %s", id, r.Topic, r.Key, r.Value, topic, m.Key, m.Payload)
 		}
-		if h, _ := header(r, "trace"); h != m.Headers["trace"] || len(r.Headers) != 4 {
-			t.Errorf("record %s headers %v", id, r.Headers)
+		if got, want := headerKeys(r), "oncommit-id id content-type oncommit-type oncommit-source oncommit-created-at trace z"; got != want {
+			t.Errorf("record %s headers %s, want %s", id, got, want)
+		}
+		for k, want := range map[string]string{"id": id.String(), "content-type": "application/json", kafka.TypeHeader: m.Topic,
+			kafka.SourceHeader: "oncommit", "trace": m.Headers["trace"], "z": "last"} {
+			if h, _ := header(r, k); h != want {
+				t.Errorf("record %s: header %s %q, want %q", id, k, h, want)
+			}
 		}
 		// One key, one topic, one partition: the publish order.
 		k := r.Topic + "/" + m.Key

@@ -13,6 +13,13 @@
 // applies each message once through an outbox.Inbox, and dead-letters a
 // message that keeps failing.
 //
+// Every message carries an envelope: its id, topic, source, creation time,
+// content type and key as AMQP properties and headers, in plain mode or,
+// with Config.CloudEvents, as CloudEvents in binary content mode (see
+// Config.CloudEvents for the mapping). [DeclareTopology] declares an
+// exchange, a queue bound to it and a dead-letter exchange and queue, the
+// same way at every start.
+//
 // It lives in a module of its own (github.com/oncommit/oncommit/forward/rabbitmq),
 // so that a service that does not import it gets no AMQP module.
 package rabbitmq

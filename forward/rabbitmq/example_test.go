@@ -42,3 +42,32 @@ func Example() {
 		log.Print(err)
 	}
 }
+
+// The topology of a service's events: a topic exchange "events" the
+// forwarder publishes to, a quorum queue "billing" bound to the topics
+// "order.*", and a dead-letter exchange and queue where Consume's rejected
+// messages go. Declaring it at every start is harmless; a queue that
+// exists with other arguments is reported as a *TopologyConflictError.
+func ExampleDeclareTopology() {
+	ctx := context.Background()
+	url := "amqp://guest:guest@localhost:5672/"
+	err := rabbitmq.DeclareTopology(ctx, url, rabbitmq.Topology{
+		Exchange:           "events",
+		Queue:              "billing",
+		BindingKeys:        []string{"order.*"},
+		Quorum:             true,
+		DeadLetterExchange: "billing.dlx",
+		DeadLetterQueue:    "billing.dead",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fw, err := rabbitmq.New(url, rabbitmq.Config{Exchange: "events", Source: "/shop/orders", CloudEvents: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer fw.Close()
+	// relay.HandleBatch(outbox.AllTopics, fw.Handler()); and a consumer:
+	// rabbitmq.Consume(ctx, url, inbox, beginner, rabbitmq.ConsumeConfig{
+	//	Name: "billing", Queue: "billing", DeadLetterReject: true}, apply)
+}

@@ -78,6 +78,47 @@ type Config struct {
 	// after RelayConfig.MaxAttempts.
 	DeadLetterUnroutable bool
 
+	// Source is the envelope's source: the app-id property of every
+	// message and, in CloudEvents mode, its cloudEvents_source header (a
+	// URI-reference, such as "/orders" or "urn:example:orders"). At most
+	// 255 bytes (app-id is an AMQP short string). Defaults to
+	// "oncommit".
+	Source string
+
+	// CloudEvents adds the CloudEvents attributes of the envelope as
+	// headers, in binary content mode as the CloudEvents AMQP protocol
+	// binding says (application properties, which are AMQP 0-9-1
+	// headers, named with the prefix "cloudEvents_"): the payload is
+	// the event's data, unchanged. Defaults to false (plain mode).
+	//
+	// Every message carries these properties, in both modes:
+	//
+	//	message-id    the message's id (consumers deduplicate on it)
+	//	content-type  application/json ("" for a message without payload)
+	//	app-id        Source
+	//	type          the message's topic
+	//	timestamp     its creation time (whole seconds: AMQP's resolution)
+	//
+	// In plain mode a message with a Key also carries the header
+	// KeyHeader ("oncommit-key") = its key. In CloudEvents mode it
+	// carries these headers instead (all strings):
+	//
+	//	cloudEvents_id            the message's id (= message-id)
+	//	cloudEvents_source        Source
+	//	cloudEvents_specversion   1.0
+	//	cloudEvents_type          the message's topic (= type)
+	//	cloudEvents_time          its creation time, RFC 3339 in UTC with
+	//	                          the database's precision (microseconds)
+	//	cloudEvents_partitionkey  its key, for a message with a Key
+	//
+	// datacontenttype is the content-type property, as the binding says.
+	// The message's own headers go along (see [Forwarder.Handler]), but
+	// for those names: a message header named oncommit-key, or starting
+	// with "cloudEvents_" or "cloudEvents:" (the binding's older
+	// prefix), in any case and in either mode, is dropped, so that
+	// message data cannot forge the envelope.
+	CloudEvents bool
+
 	// Dial opens a connection to url. Defaults to amqp.DialConfig with
 	// DefaultDialTimeout (10s) for the TCP connection and the library's
 	// other defaults (10s heartbeats).
@@ -131,9 +172,14 @@ func New(url string, cfg Config) (*Forwarder, error) {
 		return nil, &ConfigError{Field: "Window", Reason: "must not be negative"}
 	case cfg.ConfirmTimeout < 0:
 		return nil, &ConfigError{Field: "ConfirmTimeout", Reason: "must not be negative"}
+	case len(cfg.Source) > 255:
+		return nil, &ConfigError{Field: "Source", Reason: "must be at most 255 bytes (the app-id property is an AMQP short string)"}
 	}
 	if _, err := amqp.ParseURI(url); err != nil {
 		return nil, &ConfigError{Field: "url", Reason: err.Error()}
+	}
+	if cfg.Source == "" {
+		cfg.Source = fwd.DefaultSource
 	}
 	if cfg.RoutingKey == nil {
 		cfg.RoutingKey = func(d outbox.Delivery) string { return d.Topic }
@@ -151,15 +197,64 @@ func New(url string, cfg Config) (*Forwarder, error) {
 		cfg.Logger = slog.Default()
 	}
 	f := &Forwarder{url: url, cfg: cfg, opening: make(chan struct{}, 1)}
-	f.headers = fwd.Headers{Reserved: reserved, Logger: cfg.Logger,
-		Msg: "rabbitmq: dropped a message header that RabbitMQ acts on (CC, BCC or an x- name); later drops of this name are logged at debug level"}
+	f.headers = fwd.Headers{Reserved: func(name string) bool { return reserved(name) || envelopeHeader(name) }, Logger: cfg.Logger,
+		Msg: "rabbitmq: dropped a message header that RabbitMQ acts on (CC, BCC or an x- name) or that the forwarder sets (oncommit-key, cloudEvents_ names); later drops of this name are logged at debug level"}
 	return f, nil
 }
 
-// reserved reports whether the forwarder drops a message header of this
-// name (see [Forwarder.Handler]).
+// Header names of the envelope (see Config.CloudEvents).
+const (
+	// KeyHeader is the header of a message's key in plain mode.
+	KeyHeader = "oncommit-key"
+	// CloudEventsPrefix begins the name of each CloudEvents attribute's
+	// header in CloudEvents mode.
+	CloudEventsPrefix = "cloudEvents_"
+)
+
+// reserved reports whether a header of this name is one RabbitMQ acts on:
+// the forwarder drops it from a message, Consume from a dead letter.
 func reserved(name string) bool {
 	return strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC") || fwd.HasPrefixFold(name, "x-")
+}
+
+// envelopeHeader reports whether a header of this name is one the
+// forwarder sets (or one of the CloudEvents binding's, in its older
+// spelling too): the forwarder drops it from a message's own headers.
+func envelopeHeader(name string) bool {
+	return strings.EqualFold(name, KeyHeader) || fwd.HasPrefixFold(name, CloudEventsPrefix) || fwd.HasPrefixFold(name, "cloudEvents:")
+}
+
+// publishing returns d's message: its payload and headers (but those
+// dropped), in the envelope.
+func (f *Forwarder) publishing(ctx context.Context, d *outbox.Delivery) amqp.Publishing {
+	e := fwd.EnvelopeOf(d, f.cfg.Source)
+	msg := amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		MessageId:    e.ID,
+		ContentType:  e.ContentType,
+		AppId:        e.Source,
+		Type:         e.Type,
+		Timestamp:    d.CreatedAt,
+		Body:         d.Payload,
+	}
+	h := make(amqp.Table, len(d.Headers)+6)
+	for k, v := range d.Headers {
+		if f.headers.Keep(ctx, d, k) {
+			h[k] = v
+		}
+	}
+	switch {
+	case f.cfg.CloudEvents:
+		for _, a := range e.CloudEvents() {
+			h[CloudEventsPrefix+a.Name] = a.Value
+		}
+	case e.Key != "":
+		h[KeyHeader] = e.Key
+	}
+	if len(h) > 0 {
+		msg.Headers = h
+	}
+	return msg
 }
 
 // Close closes the connection, waiting for the broker's answer at most
@@ -294,10 +389,10 @@ func (f *Forwarder) give(c *channel) {
 //
 // It publishes the batch on a channel of its own in confirm mode, at most
 // Config.Window publishes awaiting their confirm at once, each
-// persistent (delivery mode 2) and mandatory, with message-id = the
-// message's id, type = its topic, timestamp = its creation time and its
-// headers (but those below), and returns once every publish has its
-// answer. A message is done only when the broker confirmed it and did not
+// persistent (delivery mode 2) and mandatory, in the envelope of
+// Config.CloudEvents (message-id = the message's id, type = its topic,
+// timestamp = its creation time, ...) with its headers (but those below),
+// and returns once every publish has its answer. A message is done only when the broker confirmed it and did not
 // return it. A message returned as unroutable is retried (or dead with
 // Config.DeadLetterUnroutable); a nack, a missing confirm after
 // Config.ConfirmTimeout, a lost channel or connection (whose unconfirmed
@@ -317,7 +412,11 @@ func (f *Forwarder) give(c *channel) {
 // broker. A drop is logged on Config.Logger, at warning level the first
 // time a name is dropped and at debug level after that. The x- rule also
 // drops application headers written the HTTP way (X-Request-Id): give
-// them names without the prefix.
+// them names without the prefix. Headers the forwarder sets itself
+// (oncommit-key, and cloudEvents_ or cloudEvents: names, in any case; see
+// Config.CloudEvents) are dropped from the message's own headers in the
+// same way, in both modes, so that message data cannot forge the
+// envelope.
 //
 // Messages with a Key go out one at a time per key, as in natsfwd: the
 // next one of a key is published after the previous one's confirm, and
@@ -359,23 +458,9 @@ func (f *Forwarder) forward(ctx context.Context, ds []outbox.Delivery) []error {
 	defer drain() // the channel starts the next batch without returns
 	return fwd.Batch(ctx, ds, f.cfg.Window, f.cfg.ConfirmTimeout, func(i int) (fwd.Wait, error) {
 		d := &ds[i]
-		key, id := f.cfg.RoutingKey(*d), d.ID.String()
-		msg := amqp.Publishing{
-			DeliveryMode: amqp.Persistent,
-			MessageId:    id,
-			Type:         d.Topic,
-			Timestamp:    d.CreatedAt,
-			Body:         d.Payload,
-		}
-		for k, v := range d.Headers {
-			if !f.headers.Keep(ctx, d, k) {
-				continue
-			}
-			if msg.Headers == nil {
-				msg.Headers = make(amqp.Table, len(d.Headers))
-			}
-			msg.Headers[k] = v
-		}
+		key := f.cfg.RoutingKey(*d)
+		msg := f.publishing(ctx, d)
+		id := msg.MessageId
 		dc, err := c.ch.PublishWithDeferredConfirm(f.cfg.Exchange, key, true, false, msg)
 		if err != nil {
 			return nil, fmt.Errorf("rabbitmq: publish to exchange %q, routing key %q: %w", f.cfg.Exchange, key, err)

@@ -486,3 +486,27 @@ func (l *Log) Reset() {
 	defer l.mu.Unlock()
 	l.b.Reset()
 }
+
+// CreatedAt returns the created_at of every message in e's table, by id
+// (as text): what the database stored, to the microsecond.
+func (e *Env) CreatedAt(t testing.TB) map[string]time.Time {
+	t.Helper()
+	rows, err := e.Pool.Query(context.Background(), `SELECT id::text, created_at FROM `+pgsql.QuoteTable(e.Ob.Table()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]time.Time{}
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = at
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
