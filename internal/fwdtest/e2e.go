@@ -70,6 +70,7 @@ type E2EReport struct {
 	Published, Applied, AppliedTwice, Lost  int
 	RelayKills, ConsumerKills, Cuts, Stalls int
 	InboxRepeats                            int
+	StuckRestarts                           int // consumers restarted by the liveness check
 	Seconds                                 float64
 }
 
@@ -126,9 +127,13 @@ func E2EChild(t *testing.T, e E2E) {
 
 // child is one running child process.
 type child struct {
-	cmd   *exec.Cmd
-	stdin io.Closer
-	done  chan struct{}
+	cmd    *exec.Cmd
+	stdin  io.Closer
+	done   chan struct{}
+	role   string
+	killed atomic.Bool // by the parent (chaos or the end of the run)
+	stderr *tailWriter // its last lines, shown when it exits on its own
+	err    error       // cmd.Wait's, set before done is closed
 }
 
 // RunE2E publishes o.Messages through the outbox while relay children
@@ -157,9 +162,10 @@ func RunE2E(t *testing.T, helper string, e E2E, o E2EOptions) E2EReport {
 	start := func(role string) *child {
 		cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.v")
 		cmd.Env = append(os.Environ(), childSchema+"="+env.Schema, e2eRole+"="+role, e2eRun+"="+run, e2eAddr+"="+proxy.Addr())
-		cmd.Stderr = io.Discard
+		tail := &tailWriter{}
+		cmd.Stderr = tail
 		if testing.Verbose() {
-			cmd.Stderr = t.Output()
+			cmd.Stderr = io.MultiWriter(tail, t.Output())
 		}
 		in, err := cmd.StdinPipe()
 		if err != nil {
@@ -172,15 +178,17 @@ func RunE2E(t *testing.T, helper string, e E2E, o E2EOptions) E2EReport {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		c := &child{cmd: cmd, stdin: in, done: make(chan struct{})}
+		c := &child{cmd: cmd, stdin: in, done: make(chan struct{}), role: role, stderr: tail}
 		go func() {
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
 				if strings.HasPrefix(sc.Text(), "REPEAT ") {
 					repeats.Add(1)
+				} else {
+					_, _ = tail.Write([]byte(sc.Text() + "\n"))
 				}
 			}
-			_ = cmd.Wait()
+			c.err = cmd.Wait()
 			close(c.done)
 		}()
 		return c
@@ -192,8 +200,32 @@ func RunE2E(t *testing.T, helper string, e E2E, o E2EOptions) E2EReport {
 	for i := range consumers {
 		consumers[i] = start("consumer")
 	}
+	// A child that exits on its own (an error, a panic, a data race) is
+	// reported and started again, as a service's supervisor would, so
+	// that the run still drains and the test fails with its last lines.
+	var exits []string
+	supervise := func() {
+		for _, list := range [][]*child{relays, consumers} {
+			for i, c := range list {
+				select {
+				case <-c.done:
+					if !c.killed.Load() {
+						exits = append(exits, fmt.Sprintf("%s child exited on its own (%v); its last lines:\n%s", c.role, c.err, c.stderr.String()))
+						list[i] = start(c.role)
+					}
+				default:
+				}
+			}
+		}
+	}
+	kill := func(c *child) {
+		c.killed.Store(true)
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
 	defer func() {
 		for _, c := range append(relays, consumers...) {
+			c.killed.Store(true)
 			_ = c.stdin.Close()
 			select {
 			case <-c.done:
@@ -220,17 +252,16 @@ func RunE2E(t *testing.T, helper string, e E2E, o E2EOptions) E2EReport {
 	t.Logf("e2e: chaos seed time %s", t0.Format(time.RFC3339Nano))
 	for time.Since(t0) < o.Chaos {
 		time.Sleep(time.Duration(200+rng.IntN(600)) * time.Millisecond)
+		supervise()
 		switch rng.IntN(4) {
 		case 0:
 			i := rng.IntN(len(relays))
-			_ = relays[i].cmd.Process.Kill()
-			<-relays[i].done
+			kill(relays[i])
 			relays[i] = start("relay")
 			rep.RelayKills++
 		case 1:
 			i := rng.IntN(len(consumers))
-			_ = consumers[i].cmd.Process.Kill()
-			<-consumers[i].done
+			kill(consumers[i])
 			consumers[i] = start("consumer")
 			rep.ConsumerKills++
 		case 2:
@@ -250,6 +281,7 @@ func RunE2E(t *testing.T, helper string, e E2E, o E2EOptions) E2EReport {
 	<-published
 	rep.Published = len(msgs)
 	deadline := time.Now().Add(o.Timeout)
+	last, lastAt := -1, time.Now()
 	for {
 		var distinct int
 		if err := admin.QueryRow(`SELECT count(DISTINCT n) FROM ` + ledger).Scan(&distinct); err != nil {
@@ -258,11 +290,32 @@ func RunE2E(t *testing.T, helper string, e E2E, o E2EOptions) E2EReport {
 		if distinct == len(msgs) && len(env.Rows(t)) == 0 {
 			break
 		}
+		// A supervisor's liveness check: consumers that apply nothing for
+		// 20 s while messages wait are restarted (and counted: the report
+		// says how often, and their last lines are logged).
+		if distinct != last {
+			last, lastAt = distinct, time.Now()
+		} else if time.Since(lastAt) > 20*time.Second && len(env.Rows(t)) == 0 {
+			for i, c := range consumers {
+				t.Logf("no progress for 20 s at %d of %d: restarting a consumer; its last lines:\n%s", distinct, len(msgs), c.stderr.String())
+				kill(c)
+				consumers[i] = start("consumer")
+			}
+			rep.StuckRestarts++
+			lastAt = time.Now()
+		}
 		if time.Now().After(deadline) {
 			t.Errorf("after %v: %d of %d messages in the ledger, outbox rows %v", o.Timeout, distinct, len(msgs), env.Rows(t))
+			for _, c := range append(relays, consumers...) {
+				t.Logf("a live %s child's last lines:\n%s", c.role, c.stderr.String())
+			}
 			break
 		}
+		supervise()
 		time.Sleep(100 * time.Millisecond)
+	}
+	for _, e := range exits {
+		t.Error(e)
 	}
 	// Late duplicates would show now.
 	time.Sleep(time.Second)
@@ -277,12 +330,40 @@ FROM (SELECT n, count(*) AS c FROM `+ledger+` GROUP BY n) AS x`).Scan(&rep.Appli
 	}
 	rep.Lost = len(msgs) - rep.Applied
 	rep.InboxRepeats = int(repeats.Load())
-	line := fmt.Sprintf("e2e %s: %d published, %d applied, %d lost, %d extra applications; %d relay kills, %d consumer kills, %d broker cuts, %d stalls; %d redeliveries found repeats by the inbox; %.1fs",
-		helper, rep.Published, rep.Applied, rep.Lost, rep.AppliedTwice, rep.RelayKills, rep.ConsumerKills, rep.Cuts, rep.Stalls, rep.InboxRepeats, rep.Seconds)
+	line := fmt.Sprintf("e2e %s: %d published, %d applied, %d lost, %d extra applications; %d relay kills, %d consumer kills, %d broker cuts, %d stalls; %d redeliveries found repeats by the inbox; %d liveness restarts; %.1fs",
+		helper, rep.Published, rep.Applied, rep.Lost, rep.AppliedTwice, rep.RelayKills, rep.ConsumerKills, rep.Cuts, rep.Stalls, rep.InboxRepeats, rep.StuckRestarts, rep.Seconds)
 	fmt.Println(line)
 	t.Log(line)
 	if rep.Lost != 0 || rep.AppliedTwice != 0 || outside != 0 {
 		t.Fatalf("not exactly once: %d lost, %d rows of messages applied more than once, %d unknown", rep.Lost, rep.AppliedTwice, outside)
 	}
 	return rep
+}
+
+// tailWriter keeps the last lines written to it.
+type tailWriter struct {
+	mu    sync.Mutex
+	lines []string
+	part  string
+}
+
+const tailLines = 40
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.part + string(p)
+	parts := strings.Split(s, "\n")
+	w.part = parts[len(parts)-1]
+	w.lines = append(w.lines, parts[:len(parts)-1]...)
+	if len(w.lines) > tailLines {
+		w.lines = w.lines[len(w.lines)-tailLines:]
+	}
+	return len(p), nil
+}
+
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(append(append([]string(nil), w.lines...), w.part), "\n")
 }
