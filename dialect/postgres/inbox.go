@@ -58,7 +58,7 @@ FROM ` + quoteTable(t) + ` GROUP BY consumer ORDER BY consumer`
 
 var _ outboxdriver.InboxDialect = (*dialect)(nil)
 
-// InboxRecordLiteral is InboxRecordSQL with literals (E'' strings, which
+// InboxRecordLiteral is InboxRecordSQL with literals (escape strings, E'...', which
 // mean the same whatever standard_conforming_strings says) and no
 // ON CONFLICT: a repeat is a unique violation (23505), which rolls the
 // transaction back. Sent in the round trip of BEGIN (pgxtx.Beginner), it
