@@ -25,6 +25,7 @@ import (
 	"github.com/oncommit/oncommit/adapters/sqltx"
 	"github.com/oncommit/oncommit/dialect/postgres"
 	"github.com/oncommit/oncommit/outbox"
+	"github.com/oncommit/oncommit/outboxdriver"
 )
 
 var inboxSQL = flag.Bool("inbox-sql", false, "inbox: both sides on database/sql (pgx's stdlib driver, sqltx.NewBeginner) instead of native pgx")
@@ -83,45 +84,21 @@ func inboxRun(ctx context.Context, pool *pgxpool.Pool, ib *outbox.Inbox, withInb
 	if *inboxSQL {
 		db := openDB(pool)
 		defer db.Close()
-		return inboxRunSQL(ctx, db, ib, withInbox, insert, ids, workers)
+		return consumeAll(ctx, ib, sqltx.NewBeginner(db, nil), withInbox, ids, workers, func(ctx context.Context, tx *sql.Tx, id string) error {
+			_, err := tx.ExecContext(ctx, insert, id)
+			return err
+		})
 	}
-	b := pgxtx.NewBeginner(pool, pgx.TxOptions{})
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	t0 := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				k := next.Add(1) - 1
-				if k >= int64(len(ids)) {
-					return
-				}
-				id := ids[k]
-				effect := func(ctx context.Context, tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, insert, id)
-					return err
-				}
-				if withInbox {
-					_, err := outbox.Receive(ctx, ib, b, "ledger", id, effect)
-					check(err)
-					continue
-				}
-				tx, err := pool.Begin(ctx)
-				check(err)
-				check(effect(ctx, tx))
-				check(tx.Commit(ctx))
-			}
-		}()
-	}
-	wg.Wait()
-	return float64(len(ids)) / time.Since(t0).Seconds()
+	return consumeAll(ctx, ib, pgxtx.NewBeginner(pool, pgx.TxOptions{}), withInbox, ids, workers, func(ctx context.Context, tx pgx.Tx, id string) error {
+		_, err := tx.Exec(ctx, insert, id)
+		return err
+	})
 }
 
-// inboxRunSQL is inboxRun on database/sql.
-func inboxRunSQL(ctx context.Context, db *sql.DB, ib *outbox.Inbox, withInbox bool, insert string, ids []string, workers int) float64 {
-	b := sqltx.NewBeginner(db, nil)
+// consumeAll applies each of ids with effect in a transaction of its own
+// begun with b, through outbox.Receive when withInbox, with workers
+// goroutines, and returns messages per second.
+func consumeAll[T any](ctx context.Context, ib *outbox.Inbox, b outboxdriver.Beginner[T], withInbox bool, ids []string, workers int, effect func(ctx context.Context, tx T, id string) error) float64 {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	t0 := time.Now()
@@ -129,25 +106,17 @@ func inboxRunSQL(ctx context.Context, db *sql.DB, ib *outbox.Inbox, withInbox bo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				k := next.Add(1) - 1
-				if k >= int64(len(ids)) {
-					return
-				}
+			for k := next.Add(1) - 1; k < int64(len(ids)); k = next.Add(1) - 1 {
 				id := ids[k]
-				effect := func(ctx context.Context, tx *sql.Tx) error {
-					_, err := tx.ExecContext(ctx, insert, id)
-					return err
-				}
 				if withInbox {
-					_, err := outbox.Receive(ctx, ib, b, "ledger", id, effect)
+					_, err := outbox.Receive(ctx, ib, b, "ledger", id, func(ctx context.Context, tx T) error { return effect(ctx, tx, id) })
 					check(err)
 					continue
 				}
-				tx, err := db.BeginTx(ctx, nil)
+				tx, err := b.Begin(ctx)
 				check(err)
-				check(effect(ctx, tx))
-				check(tx.Commit())
+				check(effect(ctx, tx, id))
+				check(b.Commit(ctx, tx))
 			}
 		}()
 	}

@@ -139,15 +139,7 @@ func Consume[T any](ctx context.Context, client *kgo.Client, ib *outbox.Inbox, b
 	if off, _ := client.OptValue(kgo.DisableAutoCommit).(bool); !off {
 		return &ConfigError{Field: "client", Reason: "must disable auto-commit (kgo.DisableAutoCommit): it would commit records not applied yet"}
 	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = receive.DefaultMaxAttempts
-	}
-	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	receive.Defaults(&cfg.MaxAttempts, &cfg.RetryDelay, &cfg.Logger)
 	for {
 		fs := client.PollFetches(ctx)
 		if fs.IsClientClosed() {

@@ -105,15 +105,7 @@ func Consume[T any](ctx context.Context, c jetstream.Consumer, ib *outbox.Inbox,
 	if ib == nil || c == nil {
 		return &ConfigError{Field: "Inbox", Reason: "and the consumer must not be nil"}
 	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = receive.DefaultMaxAttempts
-	}
-	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	receive.Defaults(&cfg.MaxAttempts, &cfg.RetryDelay, &cfg.Logger)
 	it, err := c.Messages()
 	if err != nil {
 		return fmt.Errorf("natsfwd: consume: %w", err)

@@ -65,9 +65,6 @@ func e2e(t testing.TB) fwdtest.E2E {
 // while relays and consumers are SIGKILLed and the broker's connections
 // cut: each is applied exactly once.
 func TestE2E(t *testing.T) {
-	if fwdtest.IsE2EChild() {
-		t.Skip("a child of TestE2E runs TestHelperE2E")
-	}
 	fwdtest.RunE2E(t, "TestHelperE2E", e2e(t), fwdtest.DefaultE2E)
 }
 

@@ -190,12 +190,7 @@ func checkConsume[T any](url string, ib *outbox.Inbox, b outboxdriver.Beginner[T
 	if _, err := amqp.ParseURI(url); err != nil {
 		return &ConfigError{Field: "url", Reason: err.Error()}
 	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = receive.DefaultMaxAttempts
-	}
-	if cfg.RetryDelay == 0 {
-		cfg.RetryDelay = time.Second
-	}
+	receive.Defaults(&cfg.MaxAttempts, &cfg.RetryDelay, &cfg.Logger)
 	if cfg.Prefetch == 0 {
 		cfg.Prefetch = DefaultPrefetch
 	}
@@ -204,9 +199,6 @@ func checkConsume[T any](url string, ib *outbox.Inbox, b outboxdriver.Beginner[T
 	}
 	if cfg.Dial == nil {
 		cfg.Dial = defaultDial
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/oncommit/oncommit/outbox"
 	"github.com/oncommit/oncommit/outboxdriver"
@@ -17,6 +19,25 @@ import (
 // DefaultMaxAttempts is a consumer's MaxAttempts when its configuration
 // leaves it zero.
 const DefaultMaxAttempts = 5
+
+// DefaultRetryDelay is a consumer's RetryDelay when its configuration
+// leaves it zero.
+const DefaultRetryDelay = time.Second
+
+// Defaults fills a consumer configuration's shared fields where they are
+// zero: MaxAttempts (DefaultMaxAttempts), RetryDelay (DefaultRetryDelay)
+// and Logger (slog.Default()).
+func Defaults(maxAttempts *int, retryDelay *time.Duration, logger **slog.Logger) {
+	if *maxAttempts == 0 {
+		*maxAttempts = DefaultMaxAttempts
+	}
+	if *retryDelay <= 0 {
+		*retryDelay = DefaultRetryDelay
+	}
+	if *logger == nil {
+		*logger = slog.Default()
+	}
+}
 
 // ErrNoID is the reason a message without an id is dead-lettered at once:
 // without one the inbox cannot tell a redelivery from a new message.
