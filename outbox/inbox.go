@@ -147,10 +147,7 @@ func (ib *Inbox) RecordSQL() string { return ib.sql }
 // errors are classified as Publish's are ([ErrTxAborted], [ErrRetryTx],
 // [ErrTableMissing], ...).
 func (ib *Inbox) Record(ctx context.Context, tx Tx, consumer, id string) (bool, error) {
-	if err := checkRecord("Consumer", consumer, MaxInboxConsumerBytes); err != nil {
-		return false, err
-	}
-	if err := checkRecord("ID", id, MaxInboxIDBytes); err != nil {
+	if err := checkPair(consumer, id); err != nil {
 		return false, err
 	}
 	if tx == nil {
@@ -174,7 +171,15 @@ func (ib *Inbox) Record(ctx context.Context, tx Tx, consumer, id string) (bool, 
 // sends its statement): whether neither is empty, over-long, invalid
 // UTF-8 or holding a NUL byte.
 func ValidRecord(consumer, id string) bool {
-	return checkRecord("Consumer", consumer, MaxInboxConsumerBytes) == nil && checkRecord("ID", id, MaxInboxIDBytes) == nil
+	return checkPair(consumer, id) == nil
+}
+
+// checkPair checks a consumer and an id (see checkRecord).
+func checkPair(consumer, id string) error {
+	if err := checkRecord("Consumer", consumer, MaxInboxConsumerBytes); err != nil {
+		return err
+	}
+	return checkRecord("ID", id, MaxInboxIDBytes)
 }
 
 // checkRecord refuses an empty, over-long or non-UTF-8 value, or one with
@@ -200,10 +205,7 @@ func checkRecord(field, v string, max int) error {
 // is kept (the id stays new) and the error is returned: the caller leaves
 // the message unacknowledged, and its redelivery runs effect again.
 func Receive[T any](ctx context.Context, ib *Inbox, b outboxdriver.Beginner[T], consumer, id string, effect func(ctx context.Context, tx T) error) (applied bool, err error) {
-	if err := checkRecord("Consumer", consumer, MaxInboxConsumerBytes); err != nil {
-		return false, err
-	}
-	if err := checkRecord("ID", id, MaxInboxIDBytes); err != nil {
+	if err := checkPair(consumer, id); err != nil {
 		return false, err
 	}
 	tx, fresh, err := begin(ctx, ib, b, consumer, id)
