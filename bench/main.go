@@ -70,7 +70,7 @@ var concurrency = 0 // RelayConfig default
 
 var (
 	url            = flag.String("url", envOr("OUTBOX_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	only           = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, held-mysql, held-sqlite, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward, inbox)")
+	only           = flag.String("only", "", "run only this scenario: drain, latency or memory (or one of those only run alone: sqlite, stmt, mysql, mysql-ordered, held-mysql, held-sqlite, sqlite-stmt, compare, cost, vacuum, variants, obs, ordered, forward, inbox, fanout)")
 	rounds         = flag.Int("rounds", 3, "interleaved rounds of the drain scenario")
 	n              = flag.Int("n", 50000, "messages per drain")
 	cpuprofile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (with -only drain or obs: of each timed drain, to this file plus .<case>.r<round>)")
@@ -166,6 +166,9 @@ func main() {
 	}
 	if *only == "inbox" {
 		inboxBench(ctx, pool)
+	}
+	if *only == "fanout" {
+		fanoutBench(ctx, pool)
 	}
 	if *only == "" || *only == "latency" {
 		latency(ctx, pool)

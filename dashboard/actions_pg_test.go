@@ -383,3 +383,136 @@ func TestDNSRebinding(t *testing.T) {
 		t.Errorf("the same confirmation on %s: %d %q", srv.URL, code, body)
 	}
 }
+
+// TestSubscribersOnPostgres: with a topic of two subscribers, the stats
+// page has a Subscriber column and a row per subscriber, linking to that
+// subscriber's messages; the list takes ?subscriber= (and its form
+// keeps it) and shows each copy's subscriber; a message's page names its
+// subscriber; a bulk redrive from a list filtered by subscriber changes
+// only that subscriber's dead copies, and its log line says so.
+func TestSubscribersOnPostgres(t *testing.T) {
+	ctx := context.Background()
+	table := pgtest.Schema(t) + ".outbox"
+	pool := pgtest.Open(t, "pgx")
+	if err := postgres.Migrate(ctx, pool, table); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: table, Subscribers: map[string][]string{"order.placed": {"mail", "fwd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sqltx.FromDB(pool)
+	publish(t, ob, pool, outbox.Message{Topic: "order.placed", Key: "k1"}, outbox.Message{Topic: "order.placed", Key: "k2"}, outbox.Message{Topic: "audit", Key: "a"})
+	// Dead: mail's two copies and fwd's of k1.
+	copies := func(f outbox.Filter) []outbox.MessageInfo {
+		t.Helper()
+		p, err := ob.List(ctx, db, f, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Messages
+	}
+	mail := copies(outbox.Filter{Subscriber: "mail"})
+	fwd1 := copies(outbox.Filter{Subscriber: "fwd", Key: "k1"})
+	if len(mail) != 2 || len(fwd1) != 1 || mail[0].Subscriber != "mail" || mail[0].Key != "k1" || fwd1[0].Subscriber != "fwd" {
+		t.Fatalf("copies: mail %+v, fwd's of k1 %+v", mail, fwd1)
+	}
+	for _, m := range append(mail, fwd1...) {
+		if _, err := pool.Exec(`UPDATE `+table+` SET state = 'dead', settled_at = now(), last_error = 'down' WHERE id = $1`, m.ID.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logged bytes.Buffer
+	h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: db, Actions: true, Logger: slog.New(slog.NewJSONHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get, post := client(t, h)
+
+	page := get("/")
+	for _, w := range []string{"<th>Subscriber</th>", `<td class="subscriber"></td>`, // audit's row
+		`href="/messages?topic=order.placed&amp;subscriber=mail">mail</a>`, `href="/messages?state=dead&amp;topic=order.placed&amp;subscriber=mail">2</a>`,
+		`href="/messages?topic=order.placed&amp;subscriber=fwd">fwd</a>`, `href="/messages?state=dead&amp;topic=order.placed&amp;subscriber=fwd">1</a>`} {
+		if !strings.Contains(page, w) {
+			t.Errorf("stats page lacks %s", w)
+		}
+	}
+	if strings.Index(page, ">fwd</a>") > strings.Index(page, ">mail</a>") {
+		t.Error("stats page: mail's row before fwd's")
+	}
+
+	page = get("/messages?subscriber=mail")
+	if !strings.Contains(page, `id="f-subscriber" value="mail"`) || !strings.Contains(page, `<p id="count">2 matching.`) ||
+		strings.Count(page, `<td class="subscriber">mail</td>`) != 2 || strings.Contains(page, `<td class="subscriber">fwd</td>`) {
+		t.Errorf("list of mail's copies:\n%s", page)
+	}
+	if page := get("/messages?topic=audit"); strings.Contains(page, "<th>Subscriber</th>") {
+		t.Errorf("list without copies has a Subscriber column:\n%s", page)
+	}
+	if page := get("/message/" + mail[0].ID.String()); !strings.Contains(page, `<dd id="msg-subscriber">mail</dd>`) {
+		t.Errorf("page of mail's copy lacks its subscriber:\n%s", page)
+	}
+	if page := get("/message/" + copies(outbox.Filter{Topic: "audit"})[0].ID.String()); strings.Contains(page, "msg-subscriber") {
+		t.Error("page of a message without subscribers names one")
+	}
+
+	// Redrive the dead list of mail: mail's copies only.
+	page = get("/messages?state=dead&subscriber=mail")
+	tok := tokenRE.FindStringSubmatch(page)[1]
+	if !strings.Contains(page, `name="subscriber" value="mail"`) {
+		t.Errorf("the bulk actions' forms do not carry the subscriber:\n%s", page)
+	}
+	w := post(url.Values{"csrf": {tok}, "action": {"redrive"}, "state": {"dead"}, "subscriber": {"mail"}})
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "redrive 2 message(s) matching") {
+		t.Fatalf("redrive's confirmation page: %d %s", w.Code, w.Body.String())
+	}
+	w = post(confirmForm(t, w.Body.String()))
+	if w.Code != http.StatusSeeOther || !strings.Contains(w.Header().Get("Location"), "subscriber=mail") {
+		t.Fatalf("redrive: %d %v", w.Code, w.Header())
+	}
+	checkLine(t, &logged, map[string]any{"action": "redrive", "filter": `ids=2 state=dead subscriber="mail"`, "changed": 2.0})
+	for _, m := range mail {
+		if got, err := ob.Get(ctx, db, m.ID); err != nil || got.State != outbox.StatePending {
+			t.Errorf("mail's copy of %s after the redrive: %v %v, want pending", m.Key, got.State, err)
+		}
+	}
+	if got, err := ob.Get(ctx, db, fwd1[0].ID); err != nil || got.State != outbox.StateDead {
+		t.Errorf("fwd's copy of k1 after mail's redrive: %v %v, want dead", got.State, err)
+	}
+}
+
+// TestSubscriberKeyOnPostgres: with ordered delivery, each subscriber's
+// copies of a key have an order of their own: the page of a subscriber's
+// head counts and lists the copies of that subscriber behind it, not the
+// other's, and links to the blocked list of the key and subscriber.
+func TestSubscriberKeyOnPostgres(t *testing.T) {
+	ctx := context.Background()
+	table := pgtest.Schema(t) + ".outbox"
+	pool := pgtest.Open(t, "pgx")
+	if err := postgres.Migrate(ctx, pool, table); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Table: table, OrderByKey: true, Subscribers: map[string][]string{"o": {"mail", "fwd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ob, pool, outbox.Message{Topic: "o", Key: "k"}, outbox.Message{Topic: "o", Key: "k"}, outbox.Message{Topic: "o", Key: "k"})
+	db := sqltx.FromDB(pool)
+	p, err := ob.List(ctx, db, outbox.Filter{Subscriber: "mail"}, 10)
+	if err != nil || len(p.Messages) != 3 {
+		t.Fatalf("mail's copies: %v %v", p.Messages, err)
+	}
+	h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get, _ := client(t, h)
+	page := get("/message/" + p.Messages[0].ID.String())
+	if !strings.Contains(page, `href="/messages?state=blocked&amp;key=k&amp;subscriber=mail">2 message(s) wait behind it`) ||
+		!strings.Contains(page, p.Messages[1].ID.String()) || !strings.Contains(page, p.Messages[2].ID.String()) || strings.Count(page, `class="msg"`) != 2 {
+		t.Errorf("page of mail's head of k:\n%s", page)
+	}
+	if page := get("/message/" + p.Messages[1].ID.String()); !strings.Contains(page, `id="waits-behind"`) || !strings.Contains(page, p.Messages[0].ID.String()) {
+		t.Errorf("page of a copy blocked behind mail's head:\n%s", page)
+	}
+}

@@ -1,8 +1,9 @@
 // Package dashboard is a web page for operators of an oncommit outbox: per
-// topic counts with the age of the oldest due message (with ordered
-// delivery, the blocked messages and keys too), a chart of the queue
-// depth over the last hour, lists of messages by state, topic, key, error
-// text and time, each message's payload, headers and last error (and its
+// topic counts (per subscriber of a topic with subscribers) with the age
+// of the oldest due message (with ordered delivery, the blocked messages
+// and keys too), a chart of the queue depth over the last hour, lists of
+// messages by state, topic, subscriber, key, error text and time, each
+// message's subscriber, payload, headers and last error (and its
 // place in its ordered key: a dead head says it halts its key and lists
 // what waits behind it), and, when the service enables them, buttons that
 // redrive, retry, delete, skip (the dead head of an ordered key) and purge
@@ -212,8 +213,11 @@ type page struct {
 	Actions                                 bool
 	// Ordered: the Outbox orders by key; the stats show blocked
 	// messages and keys.
-	Ordered                 bool
-	Stats                   []outbox.TopicStats
+	Ordered bool
+	Stats   []outbox.TopicStats
+	// Subscribers: some row of Stats, or some message of Page, is a
+	// subscriber's; the table has a Subscriber column.
+	Subscribers             bool
 	Chart                   *chart
 	Q                       map[string]string
 	States                  []outbox.State
@@ -279,6 +283,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	h.record(st)
 	p := h.newPage(r)
 	p.Stats = st
+	p.Subscribers = slices.ContainsFunc(st, func(s outbox.TopicStats) bool { return s.Subscriber != "" })
 	p.PurgeAges = purgeAges
 	h.mu.Lock()
 	p.Chart = newChart(h.depth, time.Now(), h.cfg.SampleEvery)
@@ -287,7 +292,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 }
 
 // filterKeys are the query parameters of a filter.
-var filterKeys = []string{"id", "state", "topic", "key", "error", "created_from", "created_to", "settled_from", "settled_to"}
+var filterKeys = []string{"id", "state", "topic", "subscriber", "key", "error", "created_from", "created_to", "settled_from", "settled_to"}
 
 // query returns the filter parameters of v that are set.
 func query(v url.Values) map[string]string {
@@ -303,7 +308,7 @@ func query(v url.Values) map[string]string {
 // parseFilter turns the parameters into a filter; a bad value is a
 // *outbox.FilterError.
 func parseFilter(q map[string]string) (outbox.Filter, error) {
-	f := outbox.Filter{Topic: q["topic"], Key: q["key"], ErrorContains: q["error"]}
+	f := outbox.Filter{Topic: q["topic"], Subscriber: q["subscriber"], Key: q["key"], ErrorContains: q["error"]}
 	if s := q["id"]; s != "" {
 		for _, part := range strings.Fields(strings.ReplaceAll(s, ",", " ")) {
 			id, err := outbox.ParseID(part)
@@ -361,6 +366,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	}
 	p := h.newPage(r)
 	p.Q, p.Page, p.Count = q, pg, n
+	p.Subscribers = slices.ContainsFunc(pg.Messages, func(m outbox.MessageInfo) bool { return m.Subscriber != "" })
 	p.States = []outbox.State{outbox.StatePending, outbox.StateBlocked, outbox.StateProcessing, outbox.StateDead, outbox.StateDelivered}
 	if !pg.Next.IsZero() {
 		v := url.Values{}
@@ -417,11 +423,12 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request) {
 	p := h.newPage(r)
 	p.M = m
 	p.Q = map[string]string{"id": m.ID.String()}
-	if m.KeySeq != 0 {
-		// An ordered message: its key's head, and what waits behind it.
-		if p.Key, err = h.cfg.Outbox.KeyState(r.Context(), h.cfg.DB, m.Key); err == nil && p.Key.Head.ID == m.ID && p.Key.Blocked > 0 {
+	if m.KeySeq != 0 && (m.Subscriber == "" || m.Key != "") {
+		// An ordered message: its key's head, and what waits behind it
+		// (a subscriber's copy: in its subscriber's order of the key).
+		if p.Key, err = h.cfg.Outbox.SubscriberKeyState(r.Context(), h.cfg.DB, m.Subscriber, m.Key); err == nil && p.Key.Head.ID == m.ID && p.Key.Blocked > 0 {
 			var pg outbox.Page
-			pg, err = h.cfg.Outbox.List(r.Context(), h.cfg.DB, outbox.Filter{Key: m.Key, States: []outbox.State{outbox.StateBlocked}}, behindShown)
+			pg, err = h.cfg.Outbox.List(r.Context(), h.cfg.DB, outbox.Filter{Key: m.Key, Subscriber: m.Subscriber, States: []outbox.State{outbox.StateBlocked}}, behindShown)
 			p.Behind = pg.Messages
 		}
 		if err != nil {

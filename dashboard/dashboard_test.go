@@ -106,3 +106,22 @@ func TestPostsRefusedBeforeSQL(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestBadSubscriberRefusedBeforeSQL: a list filtered by a subscriber name
+// that cannot be one is a 400 that names the field, with no statement
+// sent.
+func TestBadSubscriberRefusedBeforeSQL(t *testing.T) {
+	ob, db, mock := mockOutbox(t)
+	h, err := dashboard.New(dashboard.Config{Outbox: ob, DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "http://localhost/messages?subscriber=no+spaces", nil))
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "invalid filter: Subscriber") {
+		t.Errorf("bad subscriber: %d %s", w.Code, w.Body.String())
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Error(err)
+	}
+}

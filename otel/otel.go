@@ -25,6 +25,10 @@ const ScopeName = "github.com/oncommit/oncommit/otel"
 // System is the value of messaging.system on every span and metric.
 const System = "oncommit"
 
+// KeyConsumerGroup names the subscriber of a copy (outbox
+// Config.Subscribers) on process spans and on the queue gauges.
+const KeyConsumerGroup = attribute.Key("messaging.consumer.group.name")
+
 // Attribute keys. The messaging.* and error.type keys are those of the
 // OpenTelemetry semantic conventions for messaging; the oncommit.* keys
 // are this package's own.
@@ -447,8 +451,11 @@ func (t *Telemetry) extract(h map[string]string) context.Context {
 func (t *Telemetry) fullStart(ctx context.Context, d outbox.Delivery, ps *processStart) context.Context {
 	// The sampler sees every attribute here: the headers are read first
 	// anyway.
-	kv := make([]attribute.KeyValue, 0, len(ps.attrs)+2)
+	kv := make([]attribute.KeyValue, 0, len(ps.attrs)+3)
 	kv = append(append(kv, ps.attrs[:]...), KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt))
+	if d.Subscriber != "" {
+		kv = append(kv, KeyConsumerGroup.String(d.Subscriber))
+	}
 	opts := make([]trace.SpanStartOption, 0, 4)
 	opts = append(opts, ps.opts[0], trace.WithAttributes(kv...))
 	if len(d.Headers) > 0 {
@@ -525,20 +532,23 @@ func hexDigit(c byte) (byte, bool) {
 
 // attrBuf holds the attributes of a process span on their way to
 // SetAttributes.
-type attrBuf [6]attribute.KeyValue
+type attrBuf [7]attribute.KeyValue
 
 // attrBufs are the attrBufs of spans that copy their attributes.
 var attrBufs = sync.Pool{New: func() any { return new(attrBuf) }}
 
 // setProcessAttrs sets the attributes of a delivery's recording process
 // span: the topic's four, unless the span started with them
-// (Config.SamplingAttributes), then the message id and the attempt, in
-// one call. The slice given to SetAttributes is a pooled buffer when the
-// span is known to copy it (the SDK's spans do), so that a sampled
-// delivery does not allocate it; for another span type it is the span's
-// to keep.
+// (Config.SamplingAttributes), then the message id, the attempt and, for
+// a subscriber's copy, the subscriber (KeyConsumerGroup), in one call.
+// The slice given to SetAttributes is a pooled buffer when the span is
+// known to copy it (the SDK's spans do), so that a sampled delivery does
+// not allocate it; for another span type it is the span's to keep.
 func (t *Telemetry) setProcessAttrs(span trace.Span, ps *processStart, d *outbox.Delivery) {
 	n := 2
+	if d.Subscriber != "" {
+		n++
+	}
 	if !t.cfg.SamplingAttributes {
 		n += len(ps.attrs)
 	}
@@ -555,6 +565,9 @@ func (t *Telemetry) setProcessAttrs(span trace.Span, ps *processStart, d *outbox
 		kv = append(kv, ps.attrs[:]...)
 	}
 	kv = append(kv, KeyMessageID.String(d.ID.String()), KeyAttempt.Int(d.Attempt))
+	if d.Subscriber != "" {
+		kv = append(kv, KeyConsumerGroup.String(d.Subscriber))
+	}
 	span.SetAttributes(kv...)
 	if copies {
 		*buf = attrBuf{} // keep no id alive in the pool

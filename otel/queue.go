@@ -89,6 +89,9 @@ func (q *queueState) observe(_ context.Context, o metric.Observer) error {
 	}
 	for _, s := range q.stats {
 		base := []attribute.KeyValue{KeySystem.String(System), KeyDestination.String(s.Topic)}
+		if s.Subscriber != "" {
+			base = append(base, KeyConsumerGroup.String(s.Subscriber))
+		}
 		messages := []count{{"pending", s.Pending}, {"due", s.Due}, {"processing", s.Processing}, {"dead", s.Dead}, {"delivered", s.Delivered}}
 		if q.ordered {
 			messages = append(messages, count{"blocked", s.Blocked})

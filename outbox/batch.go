@@ -25,10 +25,14 @@ type batchHandler struct{ h BatchHandler }
 // is not settled, and is delivered again after that message.
 var errRunStopped = errors.New("outbox: not settled: an earlier message of its key was not done")
 
-// handlerOf returns the Handler of topic: its own, else the catch-all's
-// when topic has no batch handler of its own; nil when a batch handler
-// (or none) handles topic.
-func (r *Relay) handlerOf(topic string) Handler {
+// handlerOf returns the Handler of topic (of subscriber's copies of it,
+// when subscriber is not ""): its own, else the catch-all's when topic has
+// no batch handler of its own; nil when a batch handler (or none) handles
+// topic.
+func (r *Relay) handlerOf(topic, subscriber string) Handler {
+	if subscriber != "" {
+		return r.subscriberHandler(topic, subscriber)
+	}
 	if h, ok := r.handlers[topic]; ok || !r.all {
 		return h
 	}
@@ -38,8 +42,18 @@ func (r *Relay) handlerOf(topic string) Handler {
 	return r.handlers[AllTopics]
 }
 
-// batchOf is handlerOf for batch handlers.
-func (r *Relay) batchOf(topic string) *batchHandler {
+// batchOf is handlerOf for batch handlers, for claimed message c.
+func (r *Relay) batchOf(c *outboxdriver.Claimed) *batchHandler {
+	if len(c.Key) > 0 {
+		if sub := subscriberOf(c.Key); sub != "" {
+			return r.subs[c.Topic][sub].b // nil when none: handlerOf's
+		}
+	}
+	return r.topicBatch(c.Topic)
+}
+
+// topicBatch is batchOf for a topic's own messages.
+func (r *Relay) topicBatch(topic string) *batchHandler {
 	if b, ok := r.batches[topic]; ok || !r.all {
 		return b
 	}
@@ -52,10 +66,14 @@ func (r *Relay) batchOf(topic string) *batchHandler {
 // callTopic runs the handler of d's topic on d alone: a batch handler
 // gets a batch of one.
 func (r *Relay) callTopic(ctx context.Context, d Delivery) error {
-	if h := r.handlerOf(d.Topic); h != nil {
+	if h := r.handlerOf(d.Topic, d.Subscriber); h != nil {
 		return r.call(ctx, h, d)
 	}
-	if b := r.batchOf(d.Topic); b != nil {
+	b := r.topicBatch(d.Topic)
+	if d.Subscriber != "" {
+		b = r.subs[d.Topic][d.Subscriber].b
+	}
+	if b != nil {
 		return r.callBatch(ctx, b.h, []Delivery{d})[0]
 	}
 	return fmt.Errorf("outbox: no handler for topic %q", d.Topic)
@@ -74,7 +92,7 @@ func (r *Relay) group(dispatch []*job) []*job {
 	var batches []batch // as many as batch handlers in the claim: few
 	k := 0
 	for _, j := range dispatch {
-		b := r.batchOf(j.c.Topic)
+		b := r.batchOf(j.c)
 		if b == nil {
 			dispatch[k] = j
 			k++
@@ -145,7 +163,7 @@ func (r *Relay) deliverBatch(lead *job) {
 			r.finished(j)
 		}
 	}()
-	b := r.batchOf(lead.c.Topic)
+	b := r.batchOf(lead.c)
 	items := make([]batchItem, 0, len(lead.group))
 	// Run members fill what the claim's heads leave of BatchSize: a run is
 	// a prefix of its key, so cutting it leaves the rest blocked.
@@ -163,7 +181,7 @@ func (r *Relay) deliverBatch(lead *job) {
 			// A run member was not claimed: this delivery is its next
 			// attempt. The run stops before a message another handler
 			// handles (it becomes the key's head once these are done).
-			if room <= 0 || r.batchOf(m.Topic) != b {
+			if room <= 0 || r.batchOf(m) != b {
 				break
 			}
 			room--
@@ -200,8 +218,7 @@ func (r *Relay) deliverBatch(lead *job) {
 // (a message whose headers do not is dead-lettered without running the
 // handler, and ends its key's run).
 func (r *Relay) addItem(items *[]batchItem, m *outboxdriver.Claimed, attempts int, member bool) bool {
-	it := batchItem{m: m, attempts: attempts, member: member, at: -1,
-		d: Delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempt: attempts - m.AttemptsBase, CreatedAt: m.CreatedAt}}
+	it := batchItem{m: m, attempts: attempts, member: member, at: -1, d: newDelivery(m, attempts)}
 	if len(m.Headers) > 0 {
 		it.d.Headers, it.err = decodeHeaders(m.Headers)
 	}

@@ -114,7 +114,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		if dispatch = r.register(handlersCtx, claimed, dispatch[:0]); len(dispatch) > 0 {
 			sl.running.Add(int64(len(dispatch)))
 			workers.Add(len(dispatch))
-			if len(r.batches) > 0 {
+			if r.anyBatch() {
 				r.inflightMu.Lock()
 				dispatch = r.group(dispatch) // a job per batch (batch.go)
 				r.inflightMu.Unlock()

@@ -11,8 +11,12 @@ import (
 // Delivery is one attempt at delivering a message, as a handler sees it.
 type Delivery struct {
 	// ID is the message's id, the same on every attempt: the side
-	// effect's idempotency key.
+	// effect's idempotency key. Each subscriber's copy of a message (see
+	// Config.Subscribers) has an id of its own.
 	ID ID
+	// Subscriber is the subscriber this copy is for, "" for a message of a
+	// topic without subscribers.
+	Subscriber string
 	// Topic, Key, Headers and Payload are as published.
 	Topic   string
 	Key     string

@@ -356,13 +356,21 @@ type KeyState struct {
 
 // KeyState returns where ordered key stands: its head, without payload,
 // and how many messages wait behind it (a Filter of the key and
-// [StateBlocked] lists them).
+// [StateBlocked] lists them). For a subscriber's copies of the key, see
+// [Outbox.SubscriberKeyState].
 func (o *Outbox) KeyState(ctx context.Context, db DB, key string) (KeyState, error) {
+	return o.SubscriberKeyState(ctx, db, "", key)
+}
+
+// SubscriberKeyState is [Outbox.KeyState] for subscriber's copies of key
+// (each subscriber's copies of a key have an order of their own; see
+// Config.Subscribers); "" is KeyState.
+func (o *Outbox) SubscriberKeyState(ctx context.Context, db DB, subscriber, key string) (KeyState, error) {
 	var ks KeyState
 	if key == "" {
 		return ks, &FilterError{"Key", "ordered keys are not empty"}
 	}
-	f := Filter{Key: key, States: []State{StatePending, StateProcessing, StateDead}}
+	f := Filter{Key: key, Subscriber: subscriber, States: []State{StatePending, StateProcessing, StateDead}}
 	for ks.Head.ID.IsZero() {
 		p, err := o.List(ctx, db, f, MaxPageSize)
 		if err != nil {
@@ -379,7 +387,7 @@ func (o *Outbox) KeyState(ctx context.Context, db DB, key string) (KeyState, err
 		}
 		f.After = p.Next
 	}
-	n, err := o.Count(ctx, db, Filter{Key: key, States: []State{StateBlocked}})
+	n, err := o.Count(ctx, db, Filter{Key: key, Subscriber: subscriber, States: []State{StateBlocked}})
 	ks.Blocked = n
 	return ks, err
 }
@@ -441,7 +449,7 @@ func (o *Outbox) logAction(ctx context.Context, opts *ActOptions, action, what s
 }
 
 func filterEmpty(f Filter) bool {
-	return len(f.IDs) == 0 && len(f.States) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" &&
+	return len(f.IDs) == 0 && len(f.States) == 0 && f.Topic == "" && f.Key == "" && f.Subscriber == "" && f.ErrorContains == "" &&
 		f.CreatedFrom.IsZero() && f.CreatedTo.IsZero() && f.SettledFrom.IsZero() && f.SettledTo.IsZero()
 }
 
@@ -473,6 +481,11 @@ func checkFilter(f Filter) error {
 			return &FilterError{c.field, "not valid UTF-8"}
 		case strings.IndexByte(c.s, 0) >= 0:
 			return &FilterError{c.field, "contains a NUL byte"}
+		}
+	}
+	if f.Subscriber != "" {
+		if reason := checkSubscriberName(f.Subscriber); reason != "" {
+			return &FilterError{"Subscriber", reason}
 		}
 	}
 	for _, r := range []struct {

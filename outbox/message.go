@@ -33,7 +33,8 @@ type Message struct {
 
 	// Key is an optional business key (an order id, say). With
 	// Config.OrderByKey, the messages of one Key are delivered in commit
-	// order; otherwise it orders nothing.
+	// order; otherwise it orders nothing. At most MaxKeyBytes, no NUL, no
+	// U+001F (reserved for subscribers' copies, as in DedupKey).
 	Key string
 
 	// Payload is the message body, a JSON document; nil or empty stores
@@ -62,10 +63,16 @@ type Message struct {
 
 // Result tells the caller what Publish did with one message.
 type Result struct {
-	// ID is the stored message's id; zero for a duplicate.
+	// ID is the stored message's id; zero for a duplicate. For a topic
+	// with subscribers (Config.Subscribers): the first stored copy's.
 	ID ID
-	// Duplicate is true when a stored message had the same DedupKey.
+	// Duplicate is true when a stored message had the same DedupKey (for
+	// a topic with subscribers: when every copy had).
 	Duplicate bool
+	// Copies, for a topic with subscribers, are the ids of the copies, in
+	// the order of the topic's subscribers in Config.Subscribers (zero
+	// for a copy not stored, a duplicate). Nil for other topics.
+	Copies []ID
 }
 
 // earliest and latest bound NotBefore so every database can store it.

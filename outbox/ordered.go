@@ -79,7 +79,7 @@ const runBudgetBatches = 4
 // docs/benchmarks.md), or BatchSize when the relay has a batch handler,
 // which gets at most a claim's messages at once.
 func (r *Relay) runBudget() int {
-	if len(r.batches) > 0 {
+	if r.anyBatch() {
 		return r.cfg.BatchSize
 	}
 	return runBudgetBatches * r.cfg.BatchSize
@@ -235,7 +235,7 @@ func (r *Relay) deadSpent(j *job) {
 // handleOne runs the handler of message m, delivered for the attempts-th
 // time, and returns its outcome (told to the observer, if any).
 func (r *Relay) handleOne(ctx context.Context, m *outboxdriver.Claimed, attempts int) outboxdriver.Settlement {
-	d := Delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempt: attempts - m.AttemptsBase, CreatedAt: m.CreatedAt}
+	d := newDelivery(m, attempts)
 	var err error
 	if len(m.Headers) > 0 {
 		d.Headers, err = decodeHeaders(m.Headers)
@@ -576,7 +576,11 @@ func (o *Outbox) skipHeads(ctx context.Context, db DB, f Filter) (int64, error) 
 			if m.Key == "" || !m.SettledAt.IsZero() {
 				continue // unordered, or dead without halting its key (see SettleRunsSQL)
 			}
-			_, ok, err := od.SkipHead(ctx, db, o.table, m.Key, m.ID)
+			key := m.Key
+			if m.Subscriber != "" {
+				key = outboxdriver.SubscriberKey(m.Subscriber, m.Key) // as stored
+			}
+			_, ok, err := od.SkipHead(ctx, db, o.table, key, m.ID)
 			if err != nil {
 				return n, wrapOp(ctx, "skip", o.d.Classify(err))
 			}

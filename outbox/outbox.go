@@ -77,6 +77,17 @@ type Config struct {
 	// Defaults to false.
 	OrderByKey bool
 
+	// Subscribers gives topics (the map's keys) more than one subscriber
+	// (the names, each 1 to 64 bytes of ASCII letters, digits, '.', '_'
+	// and '-'). Publish stores a copy of a message of such a topic per
+	// subscriber, in the same statement; each copy has its own id,
+	// attempts, backoff and dead letter, and with OrderByKey its own
+	// order per key, so a subscriber that fails never makes another
+	// receive a message again. Relays handle the copies with
+	// [Relay.Subscribe]; every Outbox and relay of the table must have
+	// the same subscribers. Defaults to none: one row per message.
+	Subscribers map[string][]string
+
 	// Hook, when set, sees each message Publish and PublishBatch store,
 	// before validation, and each call's result. Defaults to nil.
 	Hook PublishHook
@@ -97,6 +108,8 @@ type Outbox struct {
 	wakeLoud outboxdriver.Wake
 	// check refuses rows the dialect cannot store, nil when it stores all.
 	check outboxdriver.RowChecker
+	// subs are the subscribers by topic (Config.Subscribers), nil for none.
+	subs map[string][]string
 
 	// With NotifyInterval: when the last notifying publish began, in
 	// nanoseconds since epoch (monotonic).
@@ -174,7 +187,12 @@ func New(d Dialect, cfg Config) (*Outbox, error) {
 	case cfg.NotifyInterval < 0 && cfg.NotifyInterval != NotifyEvery:
 		return nil, &ConfigError{Field: "NotifyInterval", Reason: "must not be negative (NotifyEvery notifies on every publish)"}
 	}
-	o := &Outbox{d: d, caps: caps, table: table, depth: MaxPayloadDepth, cfg: cfg, epoch: time.Now()}
+	subs, err := checkSubscribers(cfg.Subscribers)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Subscribers = nil // o.subs, the copy, is the one read
+	o := &Outbox{d: d, caps: caps, table: table, depth: MaxPayloadDepth, cfg: cfg, epoch: time.Now(), subs: subs}
 	o.check, _ = d.(outboxdriver.RowChecker)
 	if caps.MaxJSONDepth > 0 {
 		o.depth = min(o.depth, caps.MaxJSONDepth)
@@ -314,14 +332,23 @@ func (o *Outbox) rows(msgs []Message, buf []outboxdriver.Row) ([]outboxdriver.Ro
 	if len(msgs) > o.cfg.MaxBatch {
 		return nil, &MessageError{-1, "batch", fmt.Sprintf("%d messages, more than Config.MaxBatch (%d)", len(msgs), o.cfg.MaxBatch)}
 	}
-	rows := buf[:0]
-	if cap(rows) < len(msgs) {
-		rows = make([]outboxdriver.Row, len(msgs))
+	n := o.copies(msgs)
+	if o.caps.ParamsPerRow > 0 && n*o.caps.ParamsPerRow > o.caps.MaxParams {
+		return nil, &MessageError{-1, "batch", fmt.Sprintf("%d messages are %d rows with their subscribers' copies, more than one %s statement holds (%d)",
+			len(msgs), n, o.d.Name(), o.caps.MaxParams/o.caps.ParamsPerRow)}
 	}
-	rows = rows[:len(msgs)]
+	rows := buf[:0]
+	if cap(rows) < n {
+		rows = make([]outboxdriver.Row, n)
+	}
+	rows = rows[:n]
+	k := 0
 	for i := range msgs {
-		r := &rows[i]
+		r := &rows[k]
 		if err := toRow(r, i, &msgs[i], o.cfg.MaxPayloadBytes, o.depth); err != nil {
+			return nil, err
+		}
+		if err := checkReserved(i, &msgs[i]); err != nil {
 			return nil, err
 		}
 		r.Ordered = o.cfg.OrderByKey && r.Key != ""
@@ -329,6 +356,12 @@ func (o *Outbox) rows(msgs []Message, buf []outboxdriver.Row) ([]outboxdriver.Ro
 			if field, reason := o.check.CheckRow(r); reason != "" {
 				return nil, &MessageError{i, field, reason}
 			}
+		}
+		if subs := o.subs[msgs[i].Topic]; len(subs) > 0 {
+			fanOut(rows, k, subs)
+			k += len(subs)
+		} else {
+			k++
 		}
 	}
 	newIDs(rows)
@@ -384,7 +417,7 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result
 		}
 		// Cleared (as far as rows may have written, a refused batch
 		// included): a buffer in the pool keeps no message's payload alive.
-		clear((*bp)[:min(len(msgs), cap(*bp))])
+		clear((*bp)[:min(o.copies(msgs), cap(*bp))])
 		o.rowBufs.Put(bp)
 	}()
 	if err != nil {
@@ -416,19 +449,18 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result
 	if err != nil {
 		return wrapOp(ctx, "publish", err)
 	}
+	if len(rows) > len(msgs) {
+		return o.fanOutResults(ctx, msgs, rows, res, stored, dedup)
+	}
 	if !dedup || len(stored) == len(rows) { // nothing was a duplicate
 		for i := range rows {
 			res[i] = Result{ID: rows[i].ID}
 		}
 		return nil
 	}
-	got := make(map[ID]bool, len(stored))
-	for _, s := range stored {
-		id, err := ParseID(s)
-		if err != nil {
-			return wrapOp(ctx, "publish", err)
-		}
-		got[id] = true
+	got, err := storedSet(stored)
+	if err != nil {
+		return wrapOp(ctx, "publish", err)
 	}
 	for i := range rows {
 		if got[rows[i].ID] {
@@ -438,6 +470,19 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result
 		}
 	}
 	return nil
+}
+
+// storedSet parses the ids of the stored rows.
+func storedSet(stored []string) (map[ID]bool, error) {
+	got := make(map[ID]bool, len(stored))
+	for _, s := range stored {
+		id, err := ParseID(s)
+		if err != nil {
+			return nil, err
+		}
+		got[id] = true
+	}
+	return got, nil
 }
 
 // query runs the insert. With scan it returns the text ids of the stored

@@ -39,9 +39,14 @@ type Relay struct {
 	// registered. Written before Run only: read without mu after.
 	handlers map[string]Handler
 	batches  map[string]*batchHandler
-	topics   []string
-	all      bool
-	started  bool
+	// subs are the subscribers' handlers by topic and subscriber
+	// (fanout.go); their topics are in topics too.
+	subs map[string]map[string]subscription
+	// batchSubs is set when a subscriber has a batch handler.
+	batchSubs bool
+	topics    []string
+	all       bool
+	started   bool
 
 	inflightMu sync.Mutex
 	inflight   map[*claimBatch]struct{} // claims with handlers still running (see dispatch.go)
@@ -196,6 +201,9 @@ func (r *Relay) checkTopic(topic string) error {
 	if topic == AllTopics && !r.ob.caps.AllTopics {
 		return fmt.Errorf("%w: the %s dialect cannot claim every topic (AllTopics)", ErrUnsupported, r.ob.d.Name())
 	}
+	if len(r.ob.subs[topic]) > 0 {
+		return &ConfigError{Field: "topic", Reason: fmt.Sprintf("%q has subscribers (Config.Subscribers): register a handler for each with Subscribe", topic)}
+	}
 	return nil
 }
 
@@ -207,7 +215,7 @@ func (r *Relay) addHandler(topic string, add func()) error {
 		return ErrRelayStarted
 	}
 	_, dup := r.handlers[topic]
-	if _, ok := r.batches[topic]; dup || ok {
+	if _, ok := r.batches[topic]; dup || ok || r.subs[topic] != nil {
 		return fmt.Errorf("%w: %q", ErrDuplicateHandler, topic)
 	}
 	add()
@@ -233,9 +241,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		return ErrRelayStarted
 	}
-	if len(r.handlers)+len(r.batches) == 0 {
+	if len(r.handlers)+len(r.batches)+len(r.subs) == 0 {
 		r.mu.Unlock()
 		return ErrNoHandlers
+	}
+	if err := r.checkSubscribed(); err != nil {
+		r.mu.Unlock()
+		return err
 	}
 	r.started = true
 	r.health.set(func(h *Health) { *h = Health{Running: true} })

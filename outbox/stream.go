@@ -375,9 +375,12 @@ func (r *Relay) deliverOrderedStream(ctx, hctx context.Context, rd *streamRead, 
 // when this relay has no handler for m (a batch handler's topic, or none):
 // the table's claims take it.
 func (r *Relay) handleStream(hctx context.Context, m *outboxdriver.StreamMessage) (s outboxdriver.Settlement, handled bool) {
-	d := Delivery{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempt: 1, CreatedAt: m.CreatedAt}
-	c := &outboxdriver.Claimed{ID: m.ID, Topic: m.Topic, Key: m.Key, Attempts: 1}
-	h := r.handlerOf(m.Topic)
+	c := &outboxdriver.Claimed{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempts: 1, CreatedAt: m.CreatedAt}
+	d := newDelivery(c, 1)
+	h := r.handlerOf(m.Topic, d.Subscriber)
+	if _, ok := r.subs[m.Topic][d.Subscriber]; d.Subscriber != "" && !ok {
+		h = nil // the table's claims take it, for a relay that has a handler
+	}
 	var err error
 	if len(m.Headers) > 0 {
 		d.Headers, err = decodeHeaders(m.Headers)

@@ -694,3 +694,72 @@ func TestWALLostStream(t *testing.T) {
 		t.Fatalf("the table holds %d rows: the lost stream's message was written into it", n)
 	}
 }
+
+// TestWALFanOut: a topic's copies travel the WAL transport as messages of
+// their own; one subscriber's failure goes to the table, the other
+// subscriber's copy is delivered once, from the WAL.
+func TestWALFanOut(t *testing.T) {
+	e := newWALEnv(t)
+	d, err := postgres.WALDialect(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ob, err = outbox.New(d, outbox.Config{Table: e.table, Subscribers: map[string][]string{"t": {"mail", "fwd"}}}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string][]outbox.Delivery{}
+	r, err := e.ob.Relay(pgxtx.FromStdlib(e.db), outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryBase: 10 * time.Millisecond, RetryCap: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := func(fail bool) outbox.Handler {
+		return func(_ context.Context, dl outbox.Delivery) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[dl.Subscriber] = append(seen[dl.Subscriber], dl)
+			if fail && dl.Attempt == 1 {
+				return errors.New("first attempt fails")
+			}
+			return nil
+		}
+	}
+	if err := r.Subscribe("t", "mail", record(true)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Subscribe("t", "fwd", record(false)); err != nil {
+		t.Fatal(err)
+	}
+	res := walDrivers()[0].publish(t, e, []outbox.Message{{Topic: "t", Key: "k1"}, {Topic: "t", Key: "k2"}}, true)
+	dialecttest.StartRelay(t, r)
+	waitFor(t, 20*time.Second, "every copy delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen["mail"]) == 4 && len(seen["fwd"]) == 2
+	})
+	waitFor(t, 10*time.Second, "the table emptied", func() bool { return e.count(t, "") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	for i, dl := range seen["fwd"] {
+		if dl.Attempt != 1 || dl.Topic != "t" || (dl.Key != "k1" && dl.Key != "k2") {
+			t.Errorf("fwd's delivery %d: %+v", i, dl)
+		}
+	}
+	ids := map[outbox.ID]bool{}
+	for _, r := range res {
+		for _, id := range r.Copies {
+			ids[id] = true
+		}
+	}
+	for sub, ds := range seen {
+		for _, dl := range ds {
+			if !ids[dl.ID] {
+				t.Errorf("%s got id %v, not one of the published copies", sub, dl.ID)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // nothing more arrives
+	if len(seen["mail"]) != 4 || len(seen["fwd"]) != 2 {
+		t.Errorf("mail %d deliveries, fwd %d; want 4 and 2", len(seen["mail"]), len(seen["fwd"]))
+	}
+}

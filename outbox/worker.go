@@ -112,10 +112,10 @@ func (r *Relay) deliver(j *job) {
 		return
 	}
 	c := j.c
-	h := r.handlerOf(c.Topic)
 	defer r.finished(j)
 
-	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: c.Attempts - c.AttemptsBase, CreatedAt: c.CreatedAt}
+	d := newDelivery(c, c.Attempts)
+	h := r.handlerOf(c.Topic, d.Subscriber)
 	var err error
 	if len(c.Headers) > 0 {
 		d.Headers, err = decodeHeaders(c.Headers)
@@ -128,6 +128,17 @@ func (r *Relay) deliver(j *job) {
 		err = r.call(&j.ctx, h, d)
 	}
 	r.send(queued{r.outcome(c, err), j.b.leaseEnd(r.cfg.Lease)})
+}
+
+// newDelivery is the delivery of claimed message c for its attempts-th
+// claim (c.Attempts, or one more for an ordered run's member), without its
+// headers.
+func newDelivery(c *outboxdriver.Claimed, attempts int) Delivery {
+	d := Delivery{ID: c.ID, Topic: c.Topic, Key: c.Key, Payload: c.Payload, Attempt: attempts - c.AttemptsBase, CreatedAt: c.CreatedAt}
+	if len(c.Key) > 0 {
+		d.splitSubscriber()
+	}
+	return d
 }
 
 // call runs h, turning a panic into an error.

@@ -385,7 +385,12 @@ type SettleParams struct {
 
 // TopicStats are the counts of one topic.
 type TopicStats struct {
-	Topic      string
+	Topic string
+	// Subscriber is "" for the messages of Topic without subscribers,
+	// else the subscriber whose copies these counts are (see the outbox
+	// package's Config.Subscribers): a topic with subscribers has one
+	// TopicStats per subscriber with copies stored.
+	Subscriber string
 	Pending    int64
 	Processing int64
 	Delivered  int64

@@ -82,8 +82,12 @@ type Filter struct {
 	States []State
 	// Topic, when not empty, selects only this topic (byte for byte).
 	Topic string
-	// Key, when not empty, selects only messages with this key.
+	// Key, when not empty, selects only messages with this key (with
+	// Subscriber: that subscriber's copies of the messages with this key).
 	Key string
+	// Subscriber, when not empty, selects only the copies of this
+	// subscriber (see the outbox package's Config.Subscribers).
+	Subscriber string
 	// ErrorContains, when not empty, selects only messages whose last
 	// error contains this text (case-sensitive).
 	ErrorContains string
@@ -102,13 +106,17 @@ type Filter struct {
 
 // MessageInfo is one message as stored, for operators.
 type MessageInfo struct {
-	ID       ID
-	Topic    string
-	Key      string // "" when NULL
-	Payload  []byte // nil when NULL or not asked for
-	Headers  []byte // JSON object, nil when NULL or not asked for
-	DedupKey string // "" when NULL
-	State    State
+	ID    ID
+	Topic string
+	// Subscriber is the subscriber a copy is for (see the outbox
+	// package's Config.Subscribers), "" for a message without subscribers.
+	// Key and DedupKey are then the message's, without the subscriber.
+	Subscriber string
+	Key        string // "" when NULL
+	Payload    []byte // nil when NULL or not asked for
+	Headers    []byte // JSON object, nil when NULL or not asked for
+	DedupKey   string // "" when NULL
+	State      State
 	// Attempts counts every claim of the message; AttemptsBase is
 	// Attempts when it was last redriven. Attempts - AttemptsBase is the
 	// attempt its handler last saw.

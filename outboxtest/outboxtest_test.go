@@ -337,3 +337,47 @@ func TestJSONEq(t *testing.T) {
 		}
 	}
 }
+
+// TestExpectPublishSubscribers: the kit expects a topic's copies, one per
+// subscriber, in the one statement.
+func TestExpectPublishSubscribers(t *testing.T) {
+	ob, err := outbox.New(postgres.Dialect(), outbox.Config{Notify: outbox.NotifyOff,
+		Subscribers: map[string][]string{"order.placed": {"mail", "nats"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	msg := outbox.Message{Topic: "order.placed", Key: "o-1", DedupKey: "order.placed/o-1", Payload: []byte(`{}`)}
+	for _, dup := range []bool{false, true} {
+		db, mock, _ := sqlmock.New()
+		mock.ExpectBegin()
+		if dup {
+			outboxtest.ExpectPublishDuplicate(mock, ob, msg)
+		} else {
+			outboxtest.ExpectPublish(mock, ob, msg)
+		}
+		tx, _ := db.Begin()
+		res, err := ob.Publish(ctx, sqltx.From(tx), msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Duplicate != dup || len(res.Copies) != 2 || (res.Copies[0] == res.Copies[1]) == !dup {
+			t.Fatalf("duplicate %v: result %+v", dup, res)
+		}
+		if err := mock.ExpectationsWereMet(); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+	}
+	// Another key matches no copy.
+	db, mock, _ := sqlmock.New()
+	defer db.Close()
+	mock.ExpectBegin()
+	outboxtest.ExpectPublish(mock, ob, msg)
+	tx, _ := db.Begin()
+	other := msg
+	other.Key = "o-2"
+	if _, err := ob.Publish(ctx, sqltx.From(tx), other); err == nil {
+		t.Fatal("another key matched the expected copies")
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncommit/oncommit/dialect/sqlite"
 	"github.com/oncommit/oncommit/outbox"
 )
 
@@ -624,4 +627,161 @@ func TestMissingTable(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSubscribers: on PostgreSQL, SQLite and MySQL/MariaDB, an operator
+// sees the subscribers of a topic with several (Config.Subscribers):
+// stats has a row per subscriber (table and JSON), list and show name
+// each copy's subscriber, --subscriber selects one subscriber's copies,
+// and a redrive with --subscriber changes only that subscriber's dead
+// copies.
+func TestSubscribers(t *testing.T) { eachDB(t, testSubscribers) }
+
+func testSubscribers(t *testing.T, d db) {
+	d.ok(t, 0, "migrate", "up")
+	ob, err := outbox.New(d.dialect, outbox.Config{Table: d.table, Subscribers: map[string][]string{"order.placed": {"mail", "fwd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.seed(t, ob,
+		outbox.Message{Topic: "order.placed", Key: "k1", Payload: []byte(`{"n":1}`)},
+		outbox.Message{Topic: "order.placed", Key: "k2", Payload: []byte(`{"n":2}`)},
+		outbox.Message{Topic: "audit", Key: "a", Delay: time.Hour})
+	// mail fails both copies, fwd fails k1's and delivers k2's: dead are
+	// mail's two copies and fwd's of k1.
+	r, err := ob.Relay(sqlDB(d), outbox.RelayConfig{MaxAttempts: 1, KeepDelivered: time.Hour, PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Subscribe("order.placed", "mail", func(context.Context, outbox.Delivery) error { return errors.New("smtp down") }); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Subscribe("order.placed", "fwd", func(_ context.Context, dl outbox.Delivery) error {
+		if dl.Key == "k1" {
+			return errors.New("broker down")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		dead := count(t, ob, d, outbox.Filter{States: []outbox.State{outbox.StateDead}})
+		delivered := count(t, ob, d, outbox.Filter{States: []outbox.State{outbox.StateDelivered}})
+		if dead == 3 && delivered == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("copies not settled in time: %d dead, %d delivered", dead, delivered)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// stats: a row per subscriber, after the topic without.
+	st := lines(t, d.ok(t, 0, "stats", "--json"))
+	type row struct {
+		topic, sub      string
+		dead, delivered float64
+		pending         float64
+	}
+	want := []row{{"audit", "", 0, 0, 1}, {"order.placed", "fwd", 1, 1, 0}, {"order.placed", "mail", 2, 0, 0}}
+	if len(st) != len(want) {
+		t.Fatalf("stats --json: %v", st)
+	}
+	for i, w := range want {
+		if s := st[i]; s["topic"] != w.topic || s["subscriber"] != w.sub || s["dead"] != w.dead || s["delivered"] != w.delivered || s["pending"] != w.pending {
+			t.Errorf("stats --json row %d: %v, want %+v", i, s, w)
+		}
+	}
+	out := d.ok(t, 0, "stats")
+	rows := strings.Split(strings.TrimSpace(out), "\n")
+	if len(rows) != 4 || !strings.HasPrefix(rows[0], "TOPIC") || strings.Fields(rows[0])[1] != "SUBSCRIBER" {
+		t.Fatalf("stats:\n%s", out)
+	}
+	// audit has no subscriber: its cell is blank (the next field is its
+	// pending count).
+	if f := strings.Fields(rows[1]); f[0] != "audit" || f[1] != "1" {
+		t.Errorf("stats row of audit: %q", rows[1])
+	}
+	if f := strings.Fields(rows[3]); f[0] != "order.placed" || f[1] != "mail" || f[2] != "0" {
+		t.Errorf("stats row of mail: %q", rows[3])
+	}
+
+	// list --subscriber: only mail's copies, the message's own key.
+	mail := lines(t, d.ok(t, 0, "list", "--subscriber", "mail", "--json"))
+	if len(mail) != 2 || mail[0]["subscriber"] != "mail" || mail[1]["subscriber"] != "mail" || mail[0]["key"] != "k1" || mail[1]["key"] != "k2" {
+		t.Errorf("list --subscriber mail: %v", mail)
+	}
+	if got := lines(t, d.ok(t, 0, "list", "--subscriber", "fwd", "--key", "k1", "--json")); len(got) != 1 || got[0]["subscriber"] != "fwd" || got[0]["state"] != "dead" {
+		t.Errorf("list --subscriber fwd --key k1: %v", got)
+	}
+	if got := lines(t, d.ok(t, 0, "list", "--topic", "audit", "--json")); len(got) != 1 || got[0]["subscriber"] != "" {
+		t.Errorf("list --topic audit: %v, want subscriber \"\"", got)
+	}
+	out = d.ok(t, 0, "list", "--state", "dead")
+	if rows := strings.Split(strings.TrimSpace(out), "\n"); len(rows) != 4 || strings.Fields(rows[0])[2] != "SUBSCRIBER" {
+		t.Errorf("list --state dead:\n%s", out)
+	} else if f := strings.Fields(rows[1]); f[1] != "order.placed" || (f[2] != "mail" && f[2] != "fwd") || f[3] != "k1" {
+		t.Errorf("list --state dead, first row: %q", rows[1])
+	}
+	if out := d.ok(t, 0, "list", "--topic", "audit"); strings.Contains(out, "SUBSCRIBER") {
+		t.Errorf("list of messages without subscribers has a SUBSCRIBER column:\n%s", out)
+	}
+	d.ok(t, exitNothing, "list", "--subscriber", "nobody")
+	d.ok(t, exitUsage, "list", "--subscriber", "bad name")
+
+	// show: the copy's subscriber.
+	id := mail[0]["id"].(string)
+	if sh := lines(t, d.ok(t, 0, "show", id, "--json")); sh[0]["subscriber"] != "mail" || sh[0]["key"] != "k1" {
+		t.Errorf("show --json: %v", sh)
+	}
+	if out := d.ok(t, 0, "show", id); !strings.Contains(out, "subscriber:  mail\n") || !strings.Contains(out, "key:         k1\n") {
+		t.Errorf("show:\n%s", out)
+	}
+
+	// redrive --subscriber mail: mail's two dead copies, not fwd's.
+	if got := lines(t, d.ok(t, 0, "redrive", "--state", "dead", "--subscriber", "mail", "--dry-run", "--json")); got[0]["would_change"] != 2.0 || got[0]["filter"] != `state=dead subscriber="mail"` {
+		t.Errorf("redrive --subscriber mail --dry-run: %v", got)
+	}
+	if got := lines(t, d.ok(t, 0, "redrive", "--state", "dead", "--topic", "order.placed", "--subscriber", "mail", "--yes", "--json")); got[0]["changed"] != 2.0 {
+		t.Errorf("redrive --subscriber mail: %v", got)
+	}
+	if n := count(t, ob, d, outbox.Filter{Subscriber: "mail", States: []outbox.State{outbox.StatePending}}); n != 2 {
+		t.Errorf("after the redrive: %d of mail's copies pending, want 2", n)
+	}
+	if dead := lines(t, d.ok(t, 0, "list", "--state", "dead", "--json")); len(dead) != 1 || dead[0]["subscriber"] != "fwd" || dead[0]["key"] != "k1" {
+		t.Errorf("dead after the redrive: %v, want fwd's copy of k1 only", dead)
+	}
+	d.ok(t, exitNothing, "redrive", "--state", "dead", "--subscriber", "mail", "--yes")
+}
+
+// TestSubscriberShowOrdered: with ordered delivery, show of a
+// subscriber's copy tells its place among that subscriber's copies of the
+// key (which have an order of their own), not among the other's.
+func TestSubscriberShowOrdered(t *testing.T) {
+	d := sqliteDB(t)
+	d.ok(t, 0, "migrate", "up")
+	ob, err := outbox.New(sqlite.Dialect(), outbox.Config{OrderByKey: true, Subscribers: map[string][]string{"o": {"mail", "fwd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.seed(t, ob, outbox.Message{Topic: "o", Key: "k"}, outbox.Message{Topic: "o", Key: "k"})
+	mail := lines(t, d.ok(t, 0, "list", "--subscriber", "mail", "--key", "k", "--json"))
+	if len(mail) != 2 || mail[1]["state"] != "blocked" {
+		t.Fatalf("list --subscriber mail --key k: %v", mail)
+	}
+	head, blocked := mail[0]["id"].(string), mail[1]["id"].(string)
+	if sh := lines(t, d.ok(t, 0, "show", head, "--json"))[0]; sh["blocked_behind"] != 1.0 {
+		t.Errorf("show of mail's head --json: %v, want 1 blocked behind it", sh)
+	}
+	if out := d.ok(t, 0, "show", blocked); !strings.Contains(out, "waits behind:  "+head+" (pending), its key's head") || !strings.Contains(out, "subscriber:    mail\n") {
+		t.Errorf("show of mail's blocked copy:\n%s", out)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/user"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -60,13 +61,14 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // filterFlags are the flags that build an outbox.Filter.
 type filterFlags struct {
-	state, topic, key, errText                   string
+	state, topic, subscriber, key, errText       string
 	createdFrom, createdTo, settledFrom, settled string
 }
 
 func (f *filterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.state, "state", "", "states, comma-separated: pending, blocked (ordered, behind its key's head), processing, dead, delivered")
 	fs.StringVar(&f.topic, "topic", "", "topic, exactly")
+	fs.StringVar(&f.subscriber, "subscriber", "", "subscriber, exactly: only its copies of the messages of topics with subscribers (with --key: its copies of that key's messages)")
 	fs.StringVar(&f.key, "key", "", "message key, exactly")
 	fs.StringVar(&f.errText, "error", "", "text the last error contains (case-sensitive)")
 	fs.StringVar(&f.createdFrom, "created-from", "", "created at or after (RFC 3339 time, or a duration such as 1h: that long ago)")
@@ -92,7 +94,7 @@ func when(flagName, s string) (time.Time, error) {
 
 // filter builds the filter of the flags and the ids given as arguments.
 func (f *filterFlags) filter(ids []string) (outbox.Filter, error) {
-	out := outbox.Filter{Topic: f.topic, Key: f.key, ErrorContains: f.errText}
+	out := outbox.Filter{Topic: f.topic, Subscriber: f.subscriber, Key: f.key, ErrorContains: f.errText}
 	for _, s := range ids {
 		id, err := outbox.ParseID(s)
 		if err != nil {
@@ -250,24 +252,27 @@ func age(d time.Duration) string {
 	return d.Round(time.Millisecond).String()
 }
 
-// writeStats writes the stats of each topic; ordered adds the columns of
-// ordered delivery: the blocked messages, the keys a failed head blocks
-// (dead under HaltKey, or waiting for a retry) and the age of the oldest
-// such head (held keys too, in JSON).
+// writeStats writes the stats of each topic, one row per subscriber of a
+// topic with subscribers (the SUBSCRIBER column is in a table only when
+// some row has one; "subscriber" is "" in JSON for a topic without);
+// ordered adds the columns of ordered delivery: the blocked messages, the
+// keys a failed head blocks (dead under HaltKey, or waiting for a retry)
+// and the age of the oldest such head (held keys too, in JSON).
 func writeStats(w io.Writer, asJSON, ordered bool, st []outbox.TopicStats) error {
-	header := []any{"TOPIC", "PENDING", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE"}
+	header := []any{"TOPIC", "SUBSCRIBER", "PENDING", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE"}
 	if ordered {
-		header = []any{"TOPIC", "PENDING", "BLOCKED", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE", "BLOCKED KEYS", "OLDEST BLOCKED KEY"}
+		header = []any{"TOPIC", "SUBSCRIBER", "PENDING", "BLOCKED", "PROCESSING", "DEAD", "DELIVERED", "OLDEST DUE", "BLOCKED KEYS", "OLDEST BLOCKED KEY"}
 	}
 	out := newOut(w, asJSON, header...)
+	out.optional("SUBSCRIBER")
 	for _, s := range st {
-		obj := map[string]any{"topic": s.Topic, "pending": s.Pending, "processing": s.Processing, "dead": s.Dead, "delivered": s.Delivered, "oldest_due_seconds": s.OldestPending.Seconds()}
+		obj := map[string]any{"topic": s.Topic, "subscriber": s.Subscriber, "pending": s.Pending, "processing": s.Processing, "dead": s.Dead, "delivered": s.Delivered, "oldest_due_seconds": s.OldestPending.Seconds()}
 		if !ordered {
-			out.row(obj, s.Topic, s.Pending, s.Processing, s.Dead, s.Delivered, age(s.OldestPending))
+			out.row(obj, s.Topic, s.Subscriber, s.Pending, s.Processing, s.Dead, s.Delivered, age(s.OldestPending))
 			continue
 		}
 		obj["blocked"], obj["held_keys"], obj["blocked_keys"], obj["oldest_blocked_key_seconds"] = s.Blocked, s.HeldKeys, s.BlockedKeys, s.OldestBlockedKey.Seconds()
-		out.row(obj, s.Topic, s.Pending, s.Blocked, s.Processing, s.Dead, s.Delivered, age(s.OldestPending), s.BlockedKeys, age(s.OldestBlockedKey))
+		out.row(obj, s.Topic, s.Subscriber, s.Pending, s.Blocked, s.Processing, s.Dead, s.Delivered, age(s.OldestPending), s.BlockedKeys, age(s.OldestBlockedKey))
 	}
 	return out.flush()
 }
@@ -325,7 +330,7 @@ func runWatch(ctx context.Context, c *cli, args []string) error {
 }
 
 func messageJSON(m outbox.MessageInfo) map[string]any {
-	o := map[string]any{"id": m.ID.String(), "topic": m.Topic, "key": m.Key, "state": m.State, "attempt": m.Attempts - m.AttemptsBase,
+	o := map[string]any{"id": m.ID.String(), "topic": m.Topic, "subscriber": m.Subscriber, "key": m.Key, "state": m.State, "attempt": m.Attempts - m.AttemptsBase,
 		"attempts": m.Attempts, "created_at": m.CreatedAt, "available_at": m.AvailableAt, "last_error": m.LastError}
 	if !m.SettledAt.IsZero() {
 		o["settled_at"] = m.SettledAt
@@ -377,7 +382,8 @@ func runList(ctx context.Context, c *cli, args []string) error {
 			return usageErr("--after: %v", err)
 		}
 	}
-	out := newOut(c.stdout, g.json, "ID", "TOPIC", "KEY", "STATE", "ATTEMPT", "CREATED", "LAST ERROR")
+	out := newOut(c.stdout, g.json, "ID", "TOPIC", "SUBSCRIBER", "KEY", "STATE", "ATTEMPT", "CREATED", "LAST ERROR")
+	out.optional("SUBSCRIBER")
 	n := 0
 	for {
 		p, err := t.ob.List(ctx, t.odb, f, limit)
@@ -386,7 +392,7 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		}
 		for _, m := range p.Messages {
 			n++
-			out.row(messageJSON(m), m.ID, m.Topic, m.Key, m.State, m.Attempts-m.AttemptsBase, m.CreatedAt.UTC().Format("2006-01-02 15:04:05"), oneLine(m.LastError, 60))
+			out.row(messageJSON(m), m.ID, m.Topic, m.Subscriber, m.Key, m.State, m.Attempts-m.AttemptsBase, m.CreatedAt.UTC().Format("2006-01-02 15:04:05"), oneLine(m.LastError, 60))
 		}
 		if p.Next.IsZero() {
 			break
@@ -453,10 +459,15 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 	}
 	kvs := [][2]string{
 		{"id", m.ID.String()}, {"topic", m.Topic}, {"key", m.Key}, {"state", string(m.State)},
+	}
+	if m.Subscriber != "" {
+		kvs = slices.Insert(kvs, 2, [2]string{"subscriber", m.Subscriber})
+	}
+	kvs = append(kvs, [][2]string{
 		{"attempt", fmt.Sprintf("%d (%d claims in all)", m.Attempts-m.AttemptsBase, m.Attempts)},
 		{"created", m.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available", m.AvailableAt.UTC().Format(time.RFC3339Nano)},
 		{"settled", settled}, {"dedup key", m.DedupKey}, {"last error", m.LastError},
-	}
+	}...)
 	if m.KeySeq != 0 {
 		kvs = append(kvs, [2]string{"ordered", fmt.Sprintf("place %d in its key", m.KeySeq)})
 	}
@@ -479,7 +490,11 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s  %s  %s\n", label, b.ID, printable(b.Topic, false), b.CreatedAt.UTC().Format("2006-01-02 15:04:05"))
 	}
 	if kp.behind > int64(len(kp.first)) {
-		fmt.Fprintf(tw, "\t(%d more: oncommit list --state blocked --key %q)\n", kp.behind-int64(len(kp.first)), m.Key)
+		sub := ""
+		if m.Subscriber != "" {
+			sub = " --subscriber " + m.Subscriber
+		}
+		fmt.Fprintf(tw, "\t(%d more: oncommit list --state blocked%s --key %q)\n", kp.behind-int64(len(kp.first)), sub, m.Key)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -504,14 +519,15 @@ type keyPlace struct {
 	waitsOn *outbox.MessageInfo
 }
 
-// placeInKey reads m's place in its key: the messages behind a head, or
-// the head a blocked message waits behind. An unordered message has none.
+// placeInKey reads m's place in its key (a subscriber's copy: in its
+// subscriber's order of the key): the messages behind a head, or the head
+// a blocked message waits behind. An unordered message has none.
 func placeInKey(ctx context.Context, t *target, m outbox.MessageInfo) (keyPlace, error) {
 	var kp keyPlace
-	if m.KeySeq == 0 {
+	if m.KeySeq == 0 || (m.Subscriber != "" && m.Key == "") {
 		return kp, nil
 	}
-	ks, err := t.ob.KeyState(ctx, t.odb, m.Key)
+	ks, err := t.ob.SubscriberKeyState(ctx, t.odb, m.Subscriber, m.Key)
 	if err != nil {
 		return kp, err
 	}
@@ -522,7 +538,7 @@ func placeInKey(ctx context.Context, t *target, m outbox.MessageInfo) (keyPlace,
 		kp.head, kp.behind = true, ks.Blocked
 	}
 	if kp.behind > 0 {
-		p, err := t.ob.List(ctx, t.odb, outbox.Filter{Key: m.Key, States: []outbox.State{outbox.StateBlocked}}, showBehind)
+		p, err := t.ob.List(ctx, t.odb, outbox.Filter{Key: m.Key, Subscriber: m.Subscriber, States: []outbox.State{outbox.StateBlocked}}, showBehind)
 		kp.first = p.Messages
 		return kp, err
 	}

@@ -9,6 +9,7 @@
 //	oncommit list --state dead --topic order.placed
 //	oncommit show 01890a5d-ac96-774b-bcce-b302099a8057
 //	oncommit redrive --state dead --topic order.placed --yes
+//	oncommit redrive --state dead --topic order.placed --subscriber mail --yes
 //	oncommit skip 01890a5d-ac96-774b-bcce-b302099a8057 --yes
 //	oncommit serve --addr 127.0.0.1:8080
 //
@@ -16,6 +17,15 @@
 // database is told from it (postgres:// URLs, file: URIs or *.db files,
 // user@tcp(host)/db) or named with --driver. Output is an aligned table,
 // or one JSON object per line with --json.
+//
+// A topic with subscribers (outbox.Config.Subscribers) stores a copy of
+// each message per subscriber, each with its own id, state and attempts.
+// stats counts each subscriber's copies on a row of their own, list and
+// show name the subscriber of each copy: a SUBSCRIBER column (a
+// "subscriber:" line in show) when some message shown has one, and a
+// "subscriber" field in JSON, "" for a message without. list and the
+// actions take --subscriber NAME, beside --topic, to select only that
+// subscriber's copies (with --key: its copies of that key's messages).
 //
 // Every command that changes messages (redrive, retry, delete, skip,
 // purge) logs one line on stderr with who acted (--actor, by default

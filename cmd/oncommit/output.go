@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -35,13 +36,20 @@ func printable(s string, keepNL bool) string {
 }
 
 // out writes rows as an aligned table with a header, or as one JSON object
-// per line. A table's cells go through printable.
+// per line. A table's cells go through printable; a table's rows are kept
+// until flush, which drops the optional columns that are empty in every
+// row (see optional).
 type out struct {
 	w      io.Writer
 	asJSON bool
-	tw     *tabwriter.Writer
 	enc    *json.Encoder
-	err    error
+	header []string
+	rows   [][]string
+	// opt marks the optional columns.
+	opt []bool
+	// done: the table is written.
+	done bool
+	err  error
 }
 
 func newOut(w io.Writer, asJSON bool, header ...any) *out {
@@ -50,19 +58,27 @@ func newOut(w io.Writer, asJSON bool, header ...any) *out {
 		o.enc = json.NewEncoder(w)
 		return o
 	}
-	o.tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	o.cells(header...)
+	o.header = o.strings(header)
+	o.opt = make([]bool, len(header))
 	return o
 }
 
-func (o *out) cells(cells ...any) {
-	for i, c := range cells {
-		if i > 0 {
-			fmt.Fprint(o.tw, "\t")
+// optional makes the column named name (in the header) one a table
+// shows only when some row has a cell in it that is not empty.
+func (o *out) optional(name string) {
+	for i, h := range o.header {
+		if h == name {
+			o.opt[i] = true
 		}
-		fmt.Fprint(o.tw, printable(fmt.Sprint(c), false))
 	}
-	fmt.Fprintln(o.tw)
+}
+
+func (o *out) strings(cells []any) []string {
+	s := make([]string, len(cells))
+	for i, c := range cells {
+		s[i] = printable(fmt.Sprint(c), false)
+	}
+	return s
 }
 
 // row writes obj as JSON, or cells as a table row.
@@ -73,14 +89,29 @@ func (o *out) row(obj map[string]any, cells ...any) {
 		}
 		return
 	}
-	o.cells(cells...)
+	o.rows = append(o.rows, o.strings(cells))
 }
 
+// flush writes the table (once), without the optional columns empty in
+// every row; it returns the first error of a JSON row.
 func (o *out) flush() error {
-	if o.tw != nil {
-		if err := o.tw.Flush(); err != nil {
-			return err
-		}
+	if o.asJSON || o.done {
+		return o.err
 	}
-	return o.err
+	o.done = true
+	show := make([]bool, len(o.header))
+	for i := range show {
+		show[i] = !o.opt[i] || slices.ContainsFunc(o.rows, func(r []string) bool { return i < len(r) && r[i] != "" })
+	}
+	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
+	for _, r := range append([][]string{o.header}, o.rows...) {
+		var cells []string
+		for i, c := range r {
+			if i >= len(show) || show[i] {
+				cells = append(cells, c)
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
 }

@@ -914,16 +914,16 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 func orderedStatsSQL(t outboxdriver.Table) string {
 	tbl := quoteTable(t)
 	const failed = `(o.state = 'dead' OR o.last_error IS NOT NULL)`
-	return `SELECT topic, SUM(blocked), SUM(held), SUM(bk), MAX(age) FROM (
-    SELECT ` + topicIs + `AS topic, COUNT(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY ` + topicIs + `
+	return `SELECT topic, sub, SUM(blocked), SUM(held), SUM(bk), MAX(age) FROM (
+    SELECT ` + topicIs + `AS topic, ` + subscriberOf("message_key") + ` AS sub, COUNT(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY 1, 2
     UNION ALL
-    SELECT CAST(o.topic AS BINARY), 0, SUM(ks.live > 1), SUM(` + failed + `),
+    SELECT CAST(o.topic AS BINARY), ` + subscriberOf("o.message_key") + `, 0, SUM(ks.live > 1), SUM(` + failed + `),
         COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN ` + failed + ` THEN o.created_at END), ` + now + `), 0)
     FROM ` + keysTable(t) + ` AS ks STRAIGHT_JOIN ` + tbl + ` AS o` + keyIndex(t) + ` ON o.message_key = ks.message_key AND o.key_seq > 0
         AND (o.state IN ('pending', 'processing') OR (o.state = 'dead' AND o.key_seq = ks.halted_seq))
     WHERE ks.live > 0
-    GROUP BY CAST(o.topic AS BINARY)) AS x
-GROUP BY topic ORDER BY topic`
+    GROUP BY 1, 2) AS x
+GROUP BY topic, sub ORDER BY topic, sub`
 }
 
 func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {

@@ -830,11 +830,18 @@ func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 
 func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
 	// Grouped by the topic's bytes: utf8mb4_bin would merge "t" and "t ".
-	return sqlbuild.Stats(ctx, db, `SELECT `+topicIs+`,
+	return sqlbuild.Stats(ctx, db, `SELECT `+topicIs+`, `+subscriberOf("message_key")+`,
     SUM(state = 'pending'), SUM(state = 'processing'), SUM(state = 'delivered'), SUM(state = 'dead'),
     SUM(state = 'pending' AND available_at <= `+now+`),
     COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), `+now+`), 0)
-FROM `+quoteTable(t)+` GROUP BY `+topicIs+` ORDER BY `+topicIs, time.Microsecond)
+FROM `+quoteTable(t)+` GROUP BY 1, 2 ORDER BY 1, 2`, time.Microsecond)
+}
+
+// subscriberOf is the subscriber of a copy whose stored key is column
+// col (see outboxdriver.SubscriberKey), empty for another message: ASCII,
+// as bytes.
+func subscriberOf(col string) string {
+	return `CAST(CASE WHEN INSTR(` + col + `, CHAR(31 USING utf8mb4)) > 0 THEN SUBSTRING_INDEX(` + col + `, CHAR(31 USING utf8mb4), 1) ELSE '' END AS BINARY)`
 }
 
 // ListenSQL returns "": MySQL has no notifications; relays poll.

@@ -799,16 +799,16 @@ func (*dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriver
 func orderedStatsSQL(t outboxdriver.Table) string {
 	tbl := quoteTable(t)
 	const failed = `(o.state = 'dead' OR o.last_error IS NOT NULL)`
-	return `SELECT topic, sum(blocked)::bigint, sum(held)::bigint, sum(bk)::bigint, max(age)::bigint FROM (
-    SELECT topic, count(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY topic
+	return `SELECT topic, sub, sum(blocked)::bigint, sum(held)::bigint, sum(bk)::bigint, max(age)::bigint FROM (
+    SELECT topic, ` + subscriberOf("message_key") + ` AS sub, count(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY 1, 2
     UNION ALL
-    SELECT o.topic, 0, count(*) FILTER (WHERE ks.live > 1), count(*) FILTER (WHERE ` + failed + `),
+    SELECT o.topic, ` + subscriberOf("o.message_key") + `, 0, count(*) FILTER (WHERE ks.live > 1), count(*) FILTER (WHERE ` + failed + `),
         COALESCE((EXTRACT(EPOCH FROM now() - min(o.created_at) FILTER (WHERE ` + failed + `)) * 1000000)::bigint, 0)
     FROM ` + keysTable(t) + ` ks JOIN ` + tbl + ` o ON o.message_key = ks.message_key AND o.key_seq IS NOT NULL
         AND (o.state IN ('pending', 'processing') OR (o.state = 'dead' AND o.key_seq = ks.halted_seq))
     WHERE ks.live > 0
-    GROUP BY o.topic) x
-GROUP BY topic ORDER BY topic`
+    GROUP BY 1, 2) x
+GROUP BY topic, sub ORDER BY topic, sub`
 }
 
 func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {

@@ -793,14 +793,20 @@ func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 }
 
 func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
-	return sqlbuild.Stats(ctx, db, `SELECT topic,
+	return sqlbuild.Stats(ctx, db, `SELECT topic, `+subscriberOf("message_key")+`,
     count(*) FILTER (WHERE state = 'pending'),
     count(*) FILTER (WHERE state = 'processing'),
     count(*) FILTER (WHERE state = 'delivered'),
     count(*) FILTER (WHERE state = 'dead'),
     count(*) FILTER (WHERE state = 'pending' AND available_at <= now()),
     COALESCE((EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())) * 1000000)::bigint, 0)
-FROM `+quoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Microsecond)
+FROM `+quoteTable(t)+` GROUP BY 1, 2 ORDER BY 1, 2`, time.Microsecond)
+}
+
+// subscriberOf is the subscriber of a copy whose stored key is column
+// col (see outboxdriver.SubscriberKey), empty for another message.
+func subscriberOf(col string) string {
+	return `CASE WHEN strpos(` + col + `, chr(31)) > 0 THEN split_part(` + col + `, chr(31), 1) ELSE '' END`
 }
 
 // ListenSQL returns the LISTEN statement for table t's channel.

@@ -519,16 +519,16 @@ func (d *dialect) SkipHead(ctx context.Context, db outboxdriver.DB, t outboxdriv
 func orderedStatsSQL(t outboxdriver.Table) string {
 	tbl := quoteTable(t)
 	const failed = `(o.state = 'dead' OR o.last_error IS NOT NULL)`
-	return `SELECT topic, sum(blocked), sum(held), sum(bk), max(age) FROM (
-    SELECT topic, count(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY topic
+	return `SELECT topic, sub, sum(blocked), sum(held), sum(bk), max(age) FROM (
+    SELECT topic, ` + subscriberOf("message_key") + ` AS sub, count(*) AS blocked, 0 AS held, 0 AS bk, 0 AS age FROM ` + tbl + ` WHERE state = 'blocked' GROUP BY 1, 2
     UNION ALL
-    SELECT o.topic, 0, sum(ks.live > 1), sum(` + failed + `),
+    SELECT o.topic, ` + subscriberOf("o.message_key") + `, 0, sum(ks.live > 1), sum(` + failed + `),
         coalesce(` + now + ` - min(CASE WHEN ` + failed + ` THEN o.created_at END), 0)
     FROM ` + keysTable(t) + ` ks JOIN ` + tbl + ` o ON o.message_key = ks.message_key AND o.key_seq IS NOT NULL
         AND (o.state IN ('pending', 'processing') OR (o.state = 'dead' AND o.key_seq = ks.halted_seq))
     WHERE ks.live > 0
-    GROUP BY o.topic)
-GROUP BY topic ORDER BY topic`
+    GROUP BY 1, 2)
+GROUP BY topic, sub ORDER BY topic, sub`
 }
 
 func (d *dialect) StatsOrdered(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {

@@ -371,11 +371,17 @@ func (d *dialect) Purge(ctx context.Context, db outboxdriver.DB, t outboxdriver.
 }
 
 func (*dialect) Stats(ctx context.Context, db outboxdriver.DB, t outboxdriver.Table) ([]outboxdriver.TopicStats, error) {
-	return sqlbuild.Stats(ctx, db, `SELECT topic,
+	return sqlbuild.Stats(ctx, db, `SELECT topic, `+subscriberOf("message_key")+`,
     sum(state = 'pending'), sum(state = 'processing'), sum(state = 'delivered'), sum(state = 'dead'),
     sum(state = 'pending' AND available_at <= `+now+`),
     coalesce(`+now+` - min(CASE WHEN state = 'pending' AND available_at <= `+now+` THEN available_at END), 0)
-FROM `+quoteTable(t)+` GROUP BY topic ORDER BY topic`, time.Millisecond)
+FROM `+quoteTable(t)+` GROUP BY 1, 2 ORDER BY 1, 2`, time.Millisecond)
+}
+
+// subscriberOf is the subscriber of a copy whose stored key is column
+// col (see outboxdriver.SubscriberKey), empty for another message.
+func subscriberOf(col string) string {
+	return `CASE WHEN instr(` + col + `, char(31)) > 0 THEN substr(` + col + `, 1, instr(` + col + `, char(31)) - 1) ELSE '' END`
 }
 
 // ListenSQL returns "": SQLite has no notifications; relays poll.

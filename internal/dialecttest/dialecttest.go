@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ func runCases(t *testing.T, h Harness, cfg outbox.Config, cases []envCase) {
 				t.Parallel()
 			}
 			e := newEnv(t, h)
-			if cfg != (outbox.Config{}) {
+			if !reflect.DeepEqual(cfg, outbox.Config{}) {
 				c := cfg // a copy per case: the cases run in parallel
 				c.Table = e.Table
 				ob, err := outbox.New(h.Dialect, c)
@@ -116,6 +117,7 @@ func Run(t *testing.T, h Harness) {
 		{"UnlimitedAttempts", unlimitedAttempts},
 	}, append(batchCases, append(inspectCases, inboxCases...)...)...))
 	runOrdered(t, h)
+	runFanOut(t, h)
 }
 
 // newEnv returns a fresh store of h with its Outbox and relay dialect.

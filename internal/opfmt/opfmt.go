@@ -26,7 +26,7 @@ func Filter(f outboxdriver.Filter) string {
 		}
 		b = append(b, "state="+strings.Join(ss, ","))
 	}
-	for _, kv := range [][2]string{{"topic", f.Topic}, {"key", f.Key}, {"error", f.ErrorContains}} {
+	for _, kv := range [][2]string{{"topic", f.Topic}, {"subscriber", f.Subscriber}, {"key", f.Key}, {"error", f.ErrorContains}} {
 		if kv[1] != "" {
 			b = append(b, fmt.Sprintf("%s=%q", kv[0], kv[1]))
 		}

@@ -66,7 +66,15 @@ func (s *Inspect) Where(args *[]any, f outboxdriver.Filter, prefix string, withA
 	if f.Topic != "" {
 		c = append(c, s.Topic(prefix+"topic", s.Bind(args, f.Topic)))
 	}
-	if f.Key != "" {
+	switch {
+	case f.Subscriber != "" && f.Key != "":
+		c = append(c, prefix+"message_key = "+s.Bind(args, outboxdriver.SubscriberKey(f.Subscriber, f.Key)))
+	case f.Subscriber != "":
+		// A copy's stored key begins with its subscriber and the
+		// separator (ASCII: as many characters as bytes).
+		p := outboxdriver.SubscriberKey(f.Subscriber, "")
+		c = append(c, "substr("+prefix+"message_key, 1, "+strconv.Itoa(len(p))+") = "+s.Bind(args, p))
+	case f.Key != "":
 		c = append(c, prefix+"message_key = "+s.Bind(args, f.Key))
 	}
 	if f.ErrorContains != "" {
@@ -178,6 +186,10 @@ func ScanMessages(rows outboxdriver.Rows) ([]outboxdriver.MessageInfo, error) {
 			ID: pid, Topic: topic, Key: key.String, DedupKey: dedup.String, State: outboxdriver.State(state),
 			Attempts: int(attempts), AttemptsBase: int(base), LastError: lastE.String,
 			AvailableAt: time.UnixMicro(avail).UTC(), CreatedAt: time.UnixMicro(created).UTC(), KeySeq: keySeq.Int64,
+		}
+		if sub, k, ok := outboxdriver.SplitSubscriberKey(m.Key); ok {
+			m.Subscriber, m.Key = sub, k
+			_, m.DedupKey, _ = outboxdriver.SplitSubscriberKey(m.DedupKey)
 		}
 		if payload.Valid {
 			m.Payload = []byte(payload.String)

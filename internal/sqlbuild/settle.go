@@ -59,7 +59,8 @@ func Successes(fs []outboxdriver.Fence) []outboxdriver.Settlement {
 	return s
 }
 
-// Stats runs a per-topic statistics query whose rows are (topic, pending,
+// Stats runs a per-topic statistics query whose rows are (topic,
+// subscriber (empty for none), pending,
 // processing, delivered, dead, due (pending and due now), age of the
 // oldest due pending message as an integer number of unit).
 func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration) ([]outboxdriver.TopicStats, error) {
@@ -72,7 +73,7 @@ func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration
 	for rows.Next() {
 		var s outboxdriver.TopicStats
 		var age int64
-		if err := rows.Scan(&s.Topic, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &s.Due, &age); err != nil {
+		if err := rows.Scan(&s.Topic, &s.Subscriber, &s.Pending, &s.Processing, &s.Delivered, &s.Dead, &s.Due, &age); err != nil {
 			return nil, err
 		}
 		s.OldestPending = time.Duration(age) * unit
@@ -82,13 +83,14 @@ func Stats(ctx context.Context, db outboxdriver.DB, q string, unit time.Duration
 }
 
 // OrderedStats adds to ts (from Stats) the fields of ordered delivery,
-// from a query whose rows are (topic, blocked messages, held keys,
+// from a query whose rows are (topic, subscriber, blocked messages, held keys,
 // blocked keys, age of the oldest blocked key's head as an integer number
 // of unit); a topic with only blocked messages, not in ts, is appended.
 func OrderedStats(ctx context.Context, db outboxdriver.DB, q string, ts []outboxdriver.TopicStats, unit time.Duration) ([]outboxdriver.TopicStats, error) {
-	at := make(map[string]int, len(ts))
+	type topicSub struct{ topic, sub string }
+	at := make(map[topicSub]int, len(ts))
 	for i := range ts {
-		at[ts[i].Topic] = i
+		at[topicSub{ts[i].Topic, ts[i].Subscriber}] = i
 	}
 	rows, err := db.QueryDB(ctx, q)
 	if err != nil {
@@ -98,13 +100,13 @@ func OrderedStats(ctx context.Context, db outboxdriver.DB, q string, ts []outbox
 	for rows.Next() {
 		var s outboxdriver.TopicStats
 		var age int64
-		if err := rows.Scan(&s.Topic, &s.Blocked, &s.HeldKeys, &s.BlockedKeys, &age); err != nil {
+		if err := rows.Scan(&s.Topic, &s.Subscriber, &s.Blocked, &s.HeldKeys, &s.BlockedKeys, &age); err != nil {
 			return nil, err
 		}
-		i, found := at[s.Topic]
+		i, found := at[topicSub{s.Topic, s.Subscriber}]
 		if !found {
 			i = len(ts)
-			ts = append(ts, outboxdriver.TopicStats{Topic: s.Topic})
+			ts = append(ts, outboxdriver.TopicStats{Topic: s.Topic, Subscriber: s.Subscriber})
 		}
 		ts[i].Blocked, ts[i].HeldKeys, ts[i].BlockedKeys = s.Blocked, s.HeldKeys, s.BlockedKeys
 		ts[i].OldestBlockedKey = time.Duration(age) * unit
