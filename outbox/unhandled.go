@@ -63,8 +63,11 @@ func (r *Relay) Stats(ctx context.Context) (RelayStats, error) {
 			rs.Idle = append(rs.Idle, topic)
 		}
 	}
+	// A topic with subscribers has a TopicStats per subscriber: once each.
 	slices.Sort(rs.Unhandled)
+	rs.Unhandled = slices.Compact(rs.Unhandled)
 	slices.Sort(rs.UnhandledHeads)
+	rs.UnhandledHeads = slices.Compact(rs.UnhandledHeads)
 	return rs, nil
 }
 

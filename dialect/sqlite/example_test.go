@@ -175,6 +175,59 @@ func Example_relay() {
 	// messages left: 0
 }
 
+// Two subscribers of one topic: each gets its own copy of the message,
+// retried on its own; the mailer's failure never repeats the audit.
+func Example_subscribers() {
+	ctx := context.Background()
+	db := openExampleDB(ctx)
+	defer db.Close()
+	ob, _ := outbox.New(sqlite.Dialect(), outbox.Config{
+		Subscribers: map[string][]string{"order.placed": {"mail", "audit"}},
+	})
+
+	tx, _ := db.BeginTx(ctx, nil)
+	res, _ := ob.Publish(ctx, sqltx.From(tx), outbox.Message{Topic: "order.placed", Key: "A-1"})
+	_ = tx.Commit()
+	fmt.Println("copies:", len(res.Copies))
+
+	relay, _ := ob.Relay(sqltx.FromDB(db), outbox.RelayConfig{
+		RetryBase: time.Millisecond, RetryCap: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	var mu sync.Mutex
+	got := map[string][]int{}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	record := func(fails int) outbox.Handler {
+		return func(_ context.Context, d outbox.Delivery) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got[d.Subscriber] = append(got[d.Subscriber], d.Attempt)
+			if d.Attempt <= fails {
+				return errors.New("down")
+			}
+			wg.Done()
+			return nil
+		}
+	}
+	_ = relay.Subscribe("order.placed", "mail", record(2))
+	_ = relay.Subscribe("order.placed", "audit", record(0))
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	wg.Wait()
+	stop()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	fmt.Println("mail's attempts:", got["mail"])
+	fmt.Println("audit's attempts:", got["audit"])
+	// Output:
+	// copies: 2
+	// mail's attempts: [1 2 3]
+	// audit's attempts: [1]
+}
+
 // A readiness probe in three lines: Health().Err() is nil while the relay
 // runs and claims, and says why not otherwise (not running, shutting down,
 // or claims failing in a row).
