@@ -115,7 +115,19 @@ type Validator interface {
 // [Validator], validates it. A payload that is missing, fails to decode or
 // fails validation dead-letters the message at once: retrying cannot help.
 func HandleJSON[T any](r *Relay, topic string, h func(ctx context.Context, d Delivery, v T) error) error {
-	return r.Handle(topic, func(ctx context.Context, d Delivery) error {
+	return r.Handle(topic, jsonHandler(h))
+}
+
+// SubscribeJSON is [HandleJSON] for subscriber's copies of topic's
+// messages (see [Relay.Subscribe]).
+func SubscribeJSON[T any](r *Relay, topic, subscriber string, h func(ctx context.Context, d Delivery, v T) error) error {
+	return r.Subscribe(topic, subscriber, jsonHandler(h))
+}
+
+// jsonHandler decodes and validates a delivery's payload into a T for h;
+// a payload that does not decode or validate is dead-lettered.
+func jsonHandler[T any](h func(ctx context.Context, d Delivery, v T) error) Handler {
+	return func(ctx context.Context, d Delivery) error {
 		var v T
 		if d.Payload == nil {
 			return DeadLetter(errors.New("invalid payload: message has no payload"))
@@ -133,5 +145,5 @@ func HandleJSON[T any](r *Relay, topic string, h func(ctx context.Context, d Del
 			}
 		}
 		return h(ctx, d, v)
-	})
+	}
 }

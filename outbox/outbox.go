@@ -275,8 +275,9 @@ func (o *Outbox) PublishBatch(ctx context.Context, tx Tx, msgs []Message) ([]Res
 type Statement struct {
 	Query string
 	Args  []any
-	// IDs are the ids generated for the messages, in order; each appears in
-	// Args as its text form.
+	// IDs are the ids generated for the messages, in order (a message of a
+	// topic with subscribers has one per copy, in its subscribers' order);
+	// each appears in Args as its text form.
 	IDs []ID
 
 	extra publishsql.Extra

@@ -166,8 +166,8 @@ func (e *env) fanBatchRelay(t *testing.T, cfg outbox.RelayConfig, mail, fwd outb
 	})
 }
 
-// fanOutOneFails: mail fails each message failures times; fwd, which
-// succeeds, sees each message once.
+// fanOutOneFails: mail fails each message failures times; fwd (through
+// SubscribeJSON), which succeeds, sees each message once.
 func fanOutOneFails(t *testing.T, e *env) {
 	const msgs, failures = 5, 3
 	var log fanLog
@@ -178,18 +178,28 @@ func fanOutOneFails(t *testing.T, e *env) {
 		ms = append(ms, fanMsg(i, "k"+strconv.Itoa(i)))
 	}
 	e.publish(t, ms...)
-	stop := e.fanRelay(t, outbox.RelayConfig{MaxAttempts: failures + 1},
-		func(_ context.Context, d outbox.Delivery) error {
-			log.add(d)
-			mu.Lock()
-			defer mu.Unlock()
-			if failed[string(d.Payload)] < failures {
-				failed[string(d.Payload)]++
-				return errors.New("mail server down")
+	mailH := func(_ context.Context, d outbox.Delivery) error {
+		log.add(d)
+		mu.Lock()
+		defer mu.Unlock()
+		if failed[string(d.Payload)] < failures {
+			failed[string(d.Payload)]++
+			return errors.New("mail server down")
+		}
+		return nil
+	}
+	stop := e.relayWith(t, outbox.RelayConfig{MaxAttempts: failures + 1}, func(r *outbox.Relay) error {
+		if err := r.Subscribe(fanTopic, "mail", mailH); err != nil {
+			return err
+		}
+		return outbox.SubscribeJSON(r, fanTopic, "fwd", func(_ context.Context, d outbox.Delivery, n int) error {
+			if strconv.Itoa(n) != string(d.Payload) {
+				t.Errorf("fwd decoded %d from %s", n, d.Payload)
 			}
+			log.add(d)
 			return nil
-		},
-		func(_ context.Context, d outbox.Delivery) error { log.add(d); return nil })
+		})
+	})
 	waitFor(t, "every copy settled", func() bool { return e.count(t, "1 = 1") == 0 })
 	stop()
 	fwd, mail := log.get("fwd"), log.get("mail")
