@@ -171,13 +171,13 @@ func (r *Relay) failure(c *outboxdriver.Claimed, s outboxdriver.Settlement, err 
 	switch {
 	case errors.As(err, &cancel):
 		s.Kind, s.Error = outboxdriver.SettleDead, cleanError(err)
-		r.log.Warn("outbox: message cancelled; dead-lettered", "message_id", c.ID, "topic", c.Topic, "attempt", attempt, "outcome", OutcomeDead.String(), "err", err)
+		r.log.Warn("outbox: message cancelled; dead-lettered", logWho(c, "attempt", attempt, "outcome", OutcomeDead.String(), "err", err)...)
 		return s
 	}
 	s.Error = cleanError(err)
 	if attempt >= r.cfg.MaxAttempts {
 		s.Kind = outboxdriver.SettleDead
-		r.log.Warn("outbox: message failed its last attempt; dead-lettered", "message_id", c.ID, "topic", c.Topic, "attempt", attempt, "outcome", OutcomeDead.String(), "err", err)
+		r.log.Warn("outbox: message failed its last attempt; dead-lettered", logWho(c, "attempt", attempt, "outcome", OutcomeDead.String(), "err", err)...)
 		return s
 	}
 	s.Kind = outboxdriver.SettleRetry
@@ -186,8 +186,18 @@ func (r *Relay) failure(c *outboxdriver.Claimed, s outboxdriver.Settlement, err 
 	} else {
 		s.Delay = r.retry.Delay(attempt)
 	}
-	r.log.Info("outbox: handler failed; retrying", "message_id", c.ID, "topic", c.Topic, "attempt", attempt, "outcome", OutcomeRetry.String(), "retry_in", s.Delay, "err", err)
+	r.log.Info("outbox: handler failed; retrying", logWho(c, "attempt", attempt, "outcome", OutcomeRetry.String(), "retry_in", s.Delay, "err", err)...)
 	return s
+}
+
+// logWho returns the log attributes naming c (its id, topic and, for a
+// subscriber's copy, subscriber) followed by more.
+func logWho(c *outboxdriver.Claimed, more ...any) []any {
+	who := []any{"message_id", c.ID, "topic", c.Topic}
+	if sub := subscriberOf(c.Key); sub != "" {
+		who = append(who, "subscriber", sub)
+	}
+	return append(who, more...)
 }
 
 // retryTime clamps a handler's RetryAt time into the years every dialect's
