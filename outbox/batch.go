@@ -34,12 +34,28 @@ func (r *Relay) handlerOf(topic, subscriber string) Handler {
 		return r.subscriberHandler(topic, subscriber)
 	}
 	if h, ok := r.handlers[topic]; ok || !r.all {
+		if !ok && r.subs[topic] != nil && r.batches[topic] == nil {
+			return plainHandler(topic) // a relay that only subscribes to topic
+		}
 		return h
 	}
 	if _, ok := r.batches[topic]; ok {
 		return nil
 	}
 	return r.handlers[AllTopics]
+}
+
+// handles reports whether this relay has a handler for subscriber's
+// copies of topic (subscriber ""; the topic's own messages), a batch
+// handler or the catch-all included.
+func (r *Relay) handles(topic, subscriber string) bool {
+	if subscriber != "" {
+		_, ok := r.subs[topic][subscriber]
+		return ok
+	}
+	_, h := r.handlers[topic]
+	_, b := r.batches[topic]
+	return h || b || r.all
 }
 
 // batchOf is handlerOf for batch handlers, for claimed message c.

@@ -105,7 +105,7 @@ func (r *Relay) claimLoop(ctx, handlersCtx context.Context, workers *sync.WaitGr
 		failures = 0
 		for i := range claimed {
 			if c := &claimed[i]; c.Dead {
-				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase, "outcome", OutcomeDead.String())
+				r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", logWho(c, "attempt", c.Attempts-c.AttemptsBase, "outcome", OutcomeDead.String())...)
 				if r.cfg.DiscardDead {
 					r.send(queued{outboxdriver.Settlement{Fence: outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}, time.Now().Add(r.cfg.Lease)})
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -92,6 +91,26 @@ func (o *Outbox) copies(msgs []Message) int {
 		}
 	}
 	return n
+}
+
+// checkSubscribers runs the dialect's SubscriberChecker, when the Outbox
+// has subscribers and the dialect one.
+func (o *Outbox) checkSubscribers(ctx context.Context, db DB) error {
+	if sc, ok := o.d.(outboxdriver.SubscriberChecker); ok && o.subs != nil {
+		return sc.CheckSubscribers(ctx, db, o.table)
+	}
+	return nil
+}
+
+// anySubscribed reports whether a message of msgs has a topic with
+// subscribers.
+func (o *Outbox) anySubscribed(msgs []Message) bool {
+	for i := range msgs {
+		if len(o.subs[msgs[i].Topic]) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // fanOut turns rows[k], the row of a message of a topic with subscribers
@@ -200,8 +219,7 @@ func (r *Relay) addSubscription(topic, subscriber string, s subscription) error 
 	}
 	if r.subs[topic] == nil {
 		r.subs[topic] = map[string]subscription{}
-		r.topics = append(r.topics, topic)
-		sort.Strings(r.topics)
+		r.addTopic(topic)
 	}
 	r.subs[topic][subscriber] = s
 	r.batchSubs = r.batchSubs || s.b != nil
@@ -238,6 +256,16 @@ func (r *Relay) subscriberHandler(topic, subscriber string) Handler {
 	}
 	return func(context.Context, Delivery) error {
 		return fmt.Errorf("outbox: no handler for subscriber %q of topic %q in this relay", subscriber, topic)
+	}
+}
+
+// plainHandler is the handler of a topic's messages stored without
+// subscribers in a relay that subscribes to the topic but has no handler
+// of the topic's own (Handle) or catch-all: it fails (the message is
+// retried, then dead-lettered, and can be redriven once a relay has one).
+func plainHandler(topic string) Handler {
+	return func(context.Context, Delivery) error {
+		return fmt.Errorf("outbox: topic %q has subscribers, and this relay has no handler for its messages stored without one (published before the topic had subscribers, or through an Outbox without them): register one with Handle", topic)
 	}
 }
 

@@ -125,10 +125,13 @@ func (r DeadLetterReason) String() string {
 // DeadLetterEvent describes a dead-lettered message, for
 // [RelayObserver.DeadLettered].
 type DeadLetterEvent struct {
-	ID      ID
-	Topic   string
-	Attempt int
-	Reason  DeadLetterReason
+	ID    ID
+	Topic string
+	// Subscriber is the subscriber of a copy (Config.Subscribers), "" for
+	// a message without one.
+	Subscriber string
+	Attempt    int
+	Reason     DeadLetterReason
 	// Err is the handler's error; nil with DeadMaxAttempts.
 	Err error
 }
@@ -230,7 +233,7 @@ func (r *Relay) observeClaim(ctx context.Context, claimed []outboxdriver.Claimed
 	for i := range claimed {
 		if c := &claimed[i]; c.Dead {
 			e.DeadLettered++
-			r.cfg.Observer.DeadLettered(ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Attempt: c.Attempts - c.AttemptsBase, Reason: DeadMaxAttempts})
+			r.cfg.Observer.DeadLettered(ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Subscriber: subscriberOf(c.Key), Attempt: c.Attempts - c.AttemptsBase, Reason: DeadMaxAttempts})
 		}
 	}
 	r.cfg.Observer.ClaimEnd(ctx, e)
@@ -267,7 +270,7 @@ func (r *Relay) observeHandled(ctx context.Context, d *Delivery, s *outboxdriver
 		if d.Attempt >= r.cfg.MaxAttempts && !isDeadLetter(err) {
 			reason = DeadLastAttempt
 		}
-		r.cfg.Observer.DeadLettered(ctx, DeadLetterEvent{ID: d.ID, Topic: d.Topic, Attempt: d.Attempt, Reason: reason, Err: err})
+		r.cfg.Observer.DeadLettered(ctx, DeadLetterEvent{ID: d.ID, Topic: d.Topic, Subscriber: d.Subscriber, Attempt: d.Attempt, Reason: reason, Err: err})
 	}
 	r.cfg.Observer.HandlerEnd(ctx, e)
 }

@@ -113,6 +113,9 @@ func (o *Outbox) Check(ctx context.Context, db DB) error {
 	if od := o.orderedDialect(); err == nil && od != nil {
 		err = od.CheckOrdered(ctx, db, o.table)
 	}
+	if err == nil {
+		err = o.checkSubscribers(ctx, db)
+	}
 	if err != nil {
 		return wrapOp(ctx, "check", fmt.Errorf("%w (table %s)", err, o.table))
 	}

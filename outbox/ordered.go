@@ -220,9 +220,9 @@ func (r *Relay) deadSpent(j *job) {
 	c := j.c
 	head := outboxdriver.Fence{ID: c.ID, Attempts: c.Attempts}
 	expires := j.b.leaseEnd(r.cfg.Lease)
-	r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", "message_id", c.ID, "topic", c.Topic, "attempt", c.Attempts-c.AttemptsBase-1)
+	r.log.Warn("outbox: message dead-lettered at claim: max attempts reached", logWho(c, "attempt", c.Attempts-c.AttemptsBase-1)...)
 	if r.cfg.Observer != nil {
-		r.cfg.Observer.DeadLettered(&j.ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Attempt: c.Attempts - c.AttemptsBase - 1, Reason: DeadMaxAttempts})
+		r.cfg.Observer.DeadLettered(&j.ctx, DeadLetterEvent{ID: c.ID, Topic: c.Topic, Subscriber: subscriberOf(c.Key), Attempt: c.Attempts - c.AttemptsBase - 1, Reason: DeadMaxAttempts})
 	}
 	s := outboxdriver.Settlement{Fence: head, Kind: outboxdriver.SettleDead, Error: "max attempts reached"}
 	if c.KeySeq == 0 {

@@ -450,7 +450,7 @@ func (o *Outbox) insert(ctx context.Context, tx Tx, msgs []Message, res []Result
 	if err != nil {
 		return wrapOp(ctx, "publish", err)
 	}
-	if len(rows) > len(msgs) {
+	if o.subs != nil && o.anySubscribed(msgs) {
 		return o.fanOutResults(ctx, msgs, rows, res, stored, dedup)
 	}
 	if !dedup || len(stored) == len(rows) { // nothing was a duplicate

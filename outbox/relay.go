@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,6 +159,10 @@ func (o *Outbox) Relay(db DB, cfg RelayConfig) (*Relay, error) {
 // Handle registers h for topic, or for every topic without a handler of
 // its own with [AllTopics], before Run. A topic has at most one handler;
 // the relay claims only topics with one, so other topics' messages wait.
+// For a topic with subscribers (Config.Subscribers), h handles its
+// messages stored without subscribers (published before the topic had
+// them, or through an Outbox without them); the copies go to the
+// subscribers' handlers ([Relay.Subscribe]).
 // It returns a [*ConfigError] for a bad topic or a nil handler, or an error
 // wrapping [ErrDuplicateHandler], [ErrRelayStarted] or [ErrUnsupported].
 func (r *Relay) Handle(topic string, h Handler) error {
@@ -201,9 +205,6 @@ func (r *Relay) checkTopic(topic string) error {
 	if topic == AllTopics && !r.ob.caps.AllTopics {
 		return fmt.Errorf("%w: the %s dialect cannot claim every topic (AllTopics)", ErrUnsupported, r.ob.d.Name())
 	}
-	if len(r.ob.subs[topic]) > 0 {
-		return &ConfigError{Field: "topic", Reason: fmt.Sprintf("%q has subscribers (Config.Subscribers): register a handler for each with Subscribe", topic)}
-	}
 	return nil
 }
 
@@ -215,7 +216,7 @@ func (r *Relay) addHandler(topic string, add func()) error {
 		return ErrRelayStarted
 	}
 	_, dup := r.handlers[topic]
-	if _, ok := r.batches[topic]; dup || ok || r.subs[topic] != nil {
+	if _, ok := r.batches[topic]; dup || ok {
 		return fmt.Errorf("%w: %q", ErrDuplicateHandler, topic)
 	}
 	add()
@@ -223,9 +224,15 @@ func (r *Relay) addHandler(topic string, add func()) error {
 		r.all = true
 		return nil
 	}
-	r.topics = append(r.topics, topic)
-	sort.Strings(r.topics)
+	r.addTopic(topic)
 	return nil
+}
+
+// addTopic adds topic to the claimed topics, once (under r.mu).
+func (r *Relay) addTopic(topic string) {
+	if i, found := slices.BinarySearch(r.topics, topic); !found {
+		r.topics = slices.Insert(r.topics, i, topic)
+	}
 }
 
 // Run claims and handles messages until ctx ends, then lets running
@@ -352,6 +359,9 @@ func (r *Relay) check(ctx context.Context) (checked bool, err error) {
 	err = r.d.Check(cctx, r.db, r.ob.table)
 	if err == nil {
 		err = r.checkOrdered(cctx)
+	}
+	if err == nil {
+		err = r.ob.checkSubscribers(cctx, r.db)
 	}
 	switch {
 	case err == nil:

@@ -378,7 +378,7 @@ func (r *Relay) handleStream(hctx context.Context, m *outboxdriver.StreamMessage
 	c := &outboxdriver.Claimed{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Attempts: 1, CreatedAt: m.CreatedAt}
 	d := newDelivery(c, 1)
 	h := r.handlerOf(m.Topic, d.Subscriber)
-	if _, ok := r.subs[m.Topic][d.Subscriber]; d.Subscriber != "" && !ok {
+	if !r.handles(m.Topic, d.Subscriber) {
 		h = nil // the table's claims take it, for a relay that has a handler
 	}
 	var err error

@@ -145,7 +145,11 @@ func newDelivery(c *outboxdriver.Claimed, attempts int) Delivery {
 func (r *Relay) call(ctx context.Context, h Handler, d Delivery) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.log.Error("outbox: handler panicked", "message_id", d.ID, "topic", d.Topic, "panic", p, "stack", string(debug.Stack()))
+			who := []any{"message_id", d.ID, "topic", d.Topic}
+			if d.Subscriber != "" {
+				who = append(who, "subscriber", d.Subscriber)
+			}
+			r.log.Error("outbox: handler panicked", append(who, "panic", p, "stack", string(debug.Stack()))...)
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()

@@ -1,6 +1,9 @@
 package outboxdriver
 
-import "strings"
+import (
+	"context"
+	"strings"
+)
 
 // SubscriberSep separates a subscriber's name from the message's key in
 // the message_key column (and from the dedup key in dedup_key) of a
@@ -20,6 +23,16 @@ const MaxSubscriberBytes = 64
 // own.
 func SubscriberKey(sub, key string) string {
 	return sub + string(SubscriberSep) + key
+}
+
+// SubscriberChecker is implemented by a [RelayDialect] whose table needs
+// a migration before it stores subscribers' copies (MySQL's key columns,
+// widened by its migrations 0007 and 0008). The relay's start and the
+// outbox package's Check call it when the Outbox has subscribers; it
+// returns an error wrapping [ErrSchemaMismatch] when the table is not
+// ready.
+type SubscriberChecker interface {
+	CheckSubscribers(ctx context.Context, db DB, t Table) error
 }
 
 // SplitSubscriberKey splits a stored key into the subscriber and the

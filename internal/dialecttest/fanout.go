@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -26,6 +27,7 @@ func runFanOut(t *testing.T, h Harness) {
 		{"FanOutOneFails", fanOutOneFails},
 		{"FanOutDeadLetters", fanOutDeadLetters},
 		{"FanOutConfig", fanOutConfig},
+		{"FanOutPlainRows", fanOutPlainRows},
 	})
 	if h.Dialect.Capabilities().Ordered {
 		runCases(t, h, outbox.Config{Subscribers: fanSubs, OrderByKey: true}, []envCase{
@@ -134,6 +136,78 @@ func fanOutPublish(t *testing.T, e *env) {
 	}
 	if got := e.count(t, "1 = 1"); got != 7 {
 		t.Fatalf("%d rows, want 7", got)
+	}
+	// One subscriber: one copy, still a copy.
+	solo, err := outbox.New(e.ob.Dialect(), outbox.Config{Table: e.Table, Subscribers: map[string][]string{"solo": {"only"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx = e.Begin(t)
+	r, err := solo.Publish(ctx, tx.Tx, outbox.Message{Topic: "solo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Copies) != 1 || r.Copies[0] != r.ID {
+		t.Fatalf("one subscriber's result %+v: want one copy, its id the ID", r)
+	}
+	if n, err := e.ob.Count(ctx, e.DB, outbox.Filter{Subscriber: "only"}); err != nil || n != 1 {
+		t.Fatalf("copies of subscriber only: %d, %v; want 1", n, err)
+	}
+}
+
+// fanOutPlainRows: a topic's rows stored without subscribers (published
+// before the topic had them, or through an Outbox without them) fail in a
+// relay that only subscribes, clearly and without harming the copies, and
+// are delivered by the topic's own handler (Handle) once one is there.
+func fanOutPlainRows(t *testing.T, e *env) {
+	ctx := context.Background()
+	plain, err := outbox.New(e.ob.Dialect(), outbox.Config{Table: e.Table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx := e.Begin(t)
+	old, err := plain.Publish(ctx, tx.Tx, fanMsg(0, "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, fanMsg(1, "k"))
+	var log fanLog
+	h := func(_ context.Context, d outbox.Delivery) error { log.add(d); return nil }
+	stop := e.fanRelay(t, outbox.RelayConfig{MaxAttempts: 2}, h, h)
+	waitFor(t, "the copies delivered, the plain row dead", func() bool {
+		return e.count(t, "1 = 1") == 1 && e.count(t, "state = 'dead'") == 1
+	})
+	stop()
+	m, err := e.ob.Get(ctx, e.DB, old.ID)
+	if err != nil || m.Subscriber != "" || !strings.Contains(m.LastError, "register one with Handle") {
+		t.Fatalf("the plain row: %+v, %v; want dead, its error naming Handle", m, err)
+	}
+	if len(log.get("mail")) != 1 || len(log.get("fwd")) != 1 || len(log.get("")) != 0 {
+		t.Fatalf("deliveries: mail %d, fwd %d, plain %d; want 1, 1, 0", len(log.get("mail")), len(log.get("fwd")), len(log.get("")))
+	}
+	// With the topic's own handler beside the subscribers' handlers.
+	if n, err := e.ob.Redrive(ctx, e.DB, fanTopic); err != nil || n != 1 {
+		t.Fatalf("redrive: %d, %v", n, err)
+	}
+	stop = e.relayWith(t, outbox.RelayConfig{}, func(r *outbox.Relay) error {
+		if err := r.Handle(fanTopic, h); err != nil {
+			return err
+		}
+		if err := r.Subscribe(fanTopic, "mail", h); err != nil {
+			return err
+		}
+		return r.Subscribe(fanTopic, "fwd", h)
+	})
+	waitFor(t, "the plain row delivered", func() bool { return e.count(t, "1 = 1") == 0 })
+	stop()
+	if ds := log.get(""); len(ds) != 1 || ds[0].ID != old.ID || ds[0].Key != "k" {
+		t.Fatalf("the topic's own handler got %+v, want the plain row", ds)
 	}
 }
 
@@ -332,9 +406,6 @@ func fanOutConfig(t *testing.T, e *env) {
 	}
 	var ce *outbox.ConfigError
 	r := newRelay()
-	if err := r.Handle(fanTopic, ok); !errors.As(err, &ce) {
-		t.Fatalf("Handle of a topic with subscribers: %v, want a ConfigError", err)
-	}
 	if err := r.Subscribe(fanTopic, "sms", ok); !errors.As(err, &ce) {
 		t.Fatalf("Subscribe of an unknown subscriber: %v, want a ConfigError", err)
 	}
