@@ -228,4 +228,15 @@ func TestSubscriberQueueGauges(t *testing.T) {
 			t.Errorf("a series of %s without a subscriber: %s", topic, k)
 		}
 	}
+	// The dead-letter counter names mail, whose copies died.
+	dead := map[string]int64{}
+	if c, ok := tm.metrics(t)[oncommitotel.MetricDeadLettered].Data.(metricdata.Sum[int64]); ok {
+		for _, dp := range c.DataPoints {
+			g, _ := dp.Attributes.Value(oncommitotel.KeyConsumerGroup)
+			dead[g.AsString()] += dp.Value
+		}
+	}
+	if len(dead) != 1 || dead["mail"] != 3 {
+		t.Errorf("dead letters by consumer group: %v, want mail: 3", dead)
+	}
 }

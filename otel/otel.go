@@ -26,7 +26,9 @@ const ScopeName = "github.com/oncommit/oncommit/otel"
 const System = "oncommit"
 
 // KeyConsumerGroup names the subscriber of a copy (outbox
-// Config.Subscribers) on process spans and on the queue gauges.
+// Config.Subscribers) on process spans, on the queue gauges and on the
+// retry and dead-letter counters; the other process metrics count a
+// topic's subscribers together.
 const KeyConsumerGroup = attribute.Key("messaging.consumer.group.name")
 
 // Attribute keys. The messaging.* and error.type keys are those of the
@@ -176,6 +178,7 @@ type attrKey struct {
 	topic, op, errType string
 	extraKey           attribute.Key
 	extra              string
+	group              string // KeyConsumerGroup, "" for none
 }
 
 var (
@@ -263,6 +266,9 @@ func attrSet(k attrKey) attribute.Set {
 	}
 	if k.extra != "" {
 		kv = append(kv, k.extraKey.String(k.extra))
+	}
+	if k.group != "" {
+		kv = append(kv, KeyConsumerGroup.String(k.group))
 	}
 	return attribute.NewSet(kv...)
 }
@@ -656,7 +662,7 @@ func (t *Telemetry) HandlerEnd(ctx context.Context, e outbox.HandlerEvent) {
 	span.End()
 	t.processDur.Record(ctx, e.Duration.Seconds(), t.opts(processKey(e.Delivery.Topic, outcome, errType)).record...)
 	if e.Outcome == outbox.OutcomeRetry {
-		t.retried.Add(ctx, 1, t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess}).add...)
+		t.retried.Add(ctx, 1, t.opts(attrKey{topic: e.Delivery.Topic, op: operationProcess, group: e.Delivery.Subscriber}).add...)
 	}
 }
 
@@ -705,7 +711,7 @@ func (t *Telemetry) SettleEnd(ctx context.Context, e outbox.SettleEvent) {
 // DeadLettered counts a dead letter, with its reason. It implements
 // [outbox.RelayObserver].
 func (t *Telemetry) DeadLettered(ctx context.Context, e outbox.DeadLetterEvent) {
-	t.dead.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess, extraKey: KeyDeadReason, extra: e.Reason.String()}).add...)
+	t.dead.Add(ctx, 1, t.opts(attrKey{topic: e.Topic, op: operationProcess, extraKey: KeyDeadReason, extra: e.Reason.String(), group: e.Subscriber}).add...)
 }
 
 // LeaseLost counts a lost lease. It implements [outbox.RelayObserver].
