@@ -39,15 +39,12 @@ func e2e(t testing.TB) fwdtest.E2E {
 			}
 		},
 		Forward: func(ctx context.Context, t testing.TB, run, addr string) fwdtest.BatchHandler {
-			_, js := connect(t, addrOf(addr))
+			js := e2eConnect(t, addrOf(addr))
 			return forwarder(t, js, func(topic string) string { return run + "." + topic }, natsfwd.Config{AckTimeout: 2 * time.Second}).Handler()
 		},
 		Consume: func(ctx context.Context, t testing.TB, run, addr string, ib *outbox.Inbox, b pgxtx.Beginner, apply fwdtest.Apply, seen func(string)) error {
-			_, js := connect(t, addrOf(addr))
-			c, err := js.Consumer(ctx, run, "ledger")
-			if err != nil {
-				return err
-			}
+			js := e2eConnect(t, addrOf(addr))
+			c := fwdtest.Startup(t, "the ledger consumer", func() (jetstream.Consumer, error) { return js.Consumer(ctx, run, "ledger") })
 			return natsfwd.Consume(ctx, c, ib, b, natsfwd.ConsumeConfig{
 				Name: "ledger", DeadLetterSubject: run + ".dead", JetStream: js, RetryDelay: 50 * time.Millisecond,
 				OnOutcome: func(o natsfwd.Outcome) {
@@ -58,6 +55,20 @@ func e2e(t testing.TB) fwdtest.E2E {
 			}, func(ctx context.Context, tx pgx.Tx, m jetstream.Msg) error { return apply(ctx, tx, m.Data()) })
 		},
 	}
+}
+
+// e2eConnect connects a child of the e2e run to url, retrying while the
+// parent's chaos keeps the broker away.
+func e2eConnect(t testing.TB, url string) jetstream.JetStream {
+	nc := fwdtest.Startup(t, "connect to NATS", func() (*nats.Conn, error) {
+		return nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.Timeout(2*time.Second))
+	})
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // TestE2E: 5,000 messages from a producing service's outbox, forwarded to

@@ -56,10 +56,9 @@ func e2e(t testing.TB) fwdtest.E2E {
 			}
 		},
 		Forward: func(ctx context.Context, t testing.TB, run, addr string) fwdtest.BatchHandler {
-			f, err := rabbitmq.New(urlOf(addr), rabbitmq.Config{Exchange: run, ConfirmTimeout: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := fwdtest.Startup(t, "the forwarder", func() (*rabbitmq.Forwarder, error) {
+				return rabbitmq.New(urlOf(addr), rabbitmq.Config{Exchange: run, ConfirmTimeout: 2 * time.Second})
+			})
 			t.Cleanup(func() { f.Close() })
 			return f.Handler()
 		},

@@ -367,3 +367,22 @@ func (w *tailWriter) String() string {
 	defer w.mu.Unlock()
 	return strings.Join(append(append([]string(nil), w.lines...), w.part), "\n")
 }
+
+// Startup retries f, as a service's start-up would, until it succeeds or
+// a minute has passed (then t fails with its last error): a child started
+// while the parent cuts or stalls the broker's connections cannot reach
+// the broker at first, which is the chaos, not a failure.
+func Startup[T any](t testing.TB, what string, f func() (T, error)) T {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		v, err := f()
+		if err == nil {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
