@@ -7,12 +7,15 @@ package main
 // then drained by one relay with no-op handlers. It prints each side's
 // medians and the median of each round's ratio two/one for publishing and
 // for draining, both in messages (a message is drained when every copy of
-// it is).
+// it is). With -fanout-ordered both sides order by key (Config.OrderByKey),
+// each message with one of 1,000 keys.
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,9 +28,15 @@ import (
 	"github.com/oncommit/oncommit/outbox"
 )
 
+var fanoutOrdered = flag.Bool("fanout-ordered", false, "fanout: with Config.OrderByKey, each message with one of 1,000 keys")
+
 func fanoutBench(ctx context.Context, pool *pgxpool.Pool) {
 	const msgs, producers = 20000, 8
-	fmt.Printf("\n== fanout: %d messages published one per transaction by %d producers, then drained by one relay (no-op handlers); one subscriber (a topic's handler) against two (Config.Subscribers); %d interleaved rounds (messages/s, higher is better)\n", msgs, producers, *rounds)
+	mode := ""
+	if *fanoutOrdered {
+		mode = " with OrderByKey (1,000 keys)"
+	}
+	fmt.Printf("\n== fanout%s: %d messages published one per transaction by %d producers, then drained by one relay (no-op handlers); one subscriber (a topic's handler) against two (Config.Subscribers); %d interleaved rounds (messages/s, higher is better)\n", mode, msgs, producers, *rounds)
 	sides := []struct {
 		name string
 		subs []string
@@ -72,7 +81,7 @@ func fanoutTable(ctx context.Context, pool *pgxpool.Pool, subs []string) *outbox
 	db := openDB(pool)
 	check(postgres.Migrate(ctx, db, schema+".outbox"))
 	db.Close()
-	cfg := outbox.Config{Table: schema + ".outbox"}
+	cfg := outbox.Config{Table: schema + ".outbox", OrderByKey: *fanoutOrdered}
 	if subs != nil {
 		cfg.Subscribers = map[string][]string{"bench": subs}
 	}
@@ -92,10 +101,14 @@ func fanoutPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, n
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(n) {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				m := msg
+				if *fanoutOrdered {
+					m.Key = "order-" + strconv.FormatInt(i%1000, 10)
+				}
 				tx, err := pool.Begin(ctx)
 				check(err)
-				_, err = ob.Publish(ctx, pgxtx.From(tx), msg)
+				_, err = ob.Publish(ctx, pgxtx.From(tx), m)
 				check(err)
 				check(tx.Commit(ctx))
 			}
