@@ -58,18 +58,17 @@ func (r *Relay) handles(topic, subscriber string) bool {
 	return h || b || r.all
 }
 
-// batchOf is handlerOf for batch handlers, for claimed message c.
+// batchOf is batchFor of claimed message c.
 func (r *Relay) batchOf(c *outboxdriver.Claimed) *batchHandler {
-	if len(c.Key) > 0 {
-		if sub := subscriberOf(c.Key); sub != "" {
-			return r.subs[c.Topic][sub].b // nil when none: handlerOf's
-		}
-	}
-	return r.topicBatch(c.Topic)
+	return r.batchFor(c.Topic, subscriberOf(c.Key))
 }
 
-// topicBatch is batchOf for a topic's own messages.
-func (r *Relay) topicBatch(topic string) *batchHandler {
+// batchFor is handlerOf for batch handlers: nil when a Handler (or none)
+// handles topic (subscriber's copies of it).
+func (r *Relay) batchFor(topic, subscriber string) *batchHandler {
+	if subscriber != "" {
+		return r.subs[topic][subscriber].b
+	}
 	if b, ok := r.batches[topic]; ok || !r.all {
 		return b
 	}
@@ -85,11 +84,7 @@ func (r *Relay) callTopic(ctx context.Context, d Delivery) error {
 	if h := r.handlerOf(d.Topic, d.Subscriber); h != nil {
 		return r.call(ctx, h, d)
 	}
-	b := r.topicBatch(d.Topic)
-	if d.Subscriber != "" {
-		b = r.subs[d.Topic][d.Subscriber].b
-	}
-	if b != nil {
+	if b := r.batchFor(d.Topic, d.Subscriber); b != nil {
 		return r.callBatch(ctx, b.h, []Delivery{d})[0]
 	}
 	return fmt.Errorf("outbox: no handler for topic %q", d.Topic)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/oncommit/oncommit/outboxdriver"
 )
@@ -132,10 +133,8 @@ func fanOut(rows []outboxdriver.Row, k int, subs []string) {
 // separator.
 func checkReserved(idx int, m *Message) error {
 	for _, f := range [...]struct{ field, s string }{{"Key", m.Key}, {"DedupKey", m.DedupKey}} {
-		for i := 0; i < len(f.s); i++ {
-			if f.s[i] == subscriberSep {
-				return &MessageError{idx, f.field, "contains U+001F (the unit separator), reserved for subscribers' copies"}
-			}
+		if strings.IndexByte(f.s, subscriberSep) >= 0 {
+			return &MessageError{idx, f.field, "contains U+001F (the unit separator), reserved for subscribers' copies"}
 		}
 	}
 	return nil
